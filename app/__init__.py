@@ -1,0 +1,1 @@
+"""SpecDeck control plane."""

@@ -1,0 +1,47 @@
+"""Request dependencies: the database session (commit in one place) and the caller's project."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.db import get_sessionmaker
+from app.db.models import ApiKey
+from app.errors import APIError
+from app.services.keys import authenticate
+from app.settings import Settings, get_settings
+
+
+def get_db() -> Iterator[Session]:
+    session = get_sessionmaker()()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def current_key(request: Request, session: SessionDep) -> ApiKey:
+    header = request.headers.get("authorization")
+    if not header:
+        raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",
+                       code="missing_api_key", headers={"WWW-Authenticate": "Bearer"})
+    scheme, _, token = header.partition(" ")
+    key = authenticate(session, token.strip()) if scheme.lower() == "bearer" and token else None
+    if key is None:
+        raise APIError(401, "Invalid API key", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return key
+
+
+CurrentKey = Annotated[ApiKey, Depends(current_key)]

@@ -1,0 +1,121 @@
+"""/api/jobs: thin routes over app.services.jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.db import get_sessionmaker
+from app.schemas.common import Page
+from app.schemas.jobs import CheckpointOut, EventOut, JobCreate, JobOut, MetricOut, PlanOut
+from app.services import jobs as service
+from app.services.state import TERMINAL, JobStatus
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+
+JOB_ID = r"^job_[0-9a-f]{24}$"
+Limit = Annotated[int, Query(ge=1, le=100)]
+
+
+@router.post("", status_code=201, response_model=JobOut)
+def create_job(body: JobCreate, key: CurrentKey, session: SessionDep, settings: SettingsDep,
+               response: Response,
+               idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JobOut:
+    job, created = service.create_job(session, key.project_id, body, settings=settings,
+                                      idempotency_key=idempotency_key)
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return service.job_out(job)
+
+
+@router.get("", response_model=Page[JobOut])
+def list_jobs(key: CurrentKey, session: SessionDep, limit: Limit = 20,
+              after: Annotated[str | None, Query(pattern=JOB_ID)] = None,
+              status: JobStatus | None = None) -> Page[JobOut]:
+    jobs, has_more = service.list_jobs(session, key.project_id, limit=limit, after=after,
+                                       status=status)
+    return Page(data=[service.job_out(j) for j in jobs], has_more=has_more,
+                last_id=jobs[-1].id if jobs else None)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: str, key: CurrentKey, session: SessionDep) -> JobOut:
+    return service.job_out(service.get_job(session, key.project_id, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut)
+def cancel_job(job_id: str, key: CurrentKey, session: SessionDep) -> JobOut:
+    return service.job_out(service.cancel_job(session, key.project_id, job_id))
+
+
+@router.get("/{job_id}/events", response_model=Page[EventOut])
+def list_events(job_id: str, key: CurrentKey, session: SessionDep, limit: Limit = 100,
+                after: Annotated[int | None, Query(ge=0)] = None) -> Page[EventOut]:
+    job = service.get_job(session, key.project_id, job_id)
+    events, has_more = service.list_events(session, job, after=after, limit=limit)
+    return Page(data=[EventOut.model_validate(e, from_attributes=True) for e in events],
+                has_more=has_more, last_id=events[-1].id if events else None)
+
+
+@router.get("/{job_id}/events/stream", response_class=StreamingResponse)
+def stream_events(job_id: str, key: CurrentKey, session: SessionDep, request: Request,
+                  last_event_id: Annotated[int | None, Header(ge=0)] = None) -> StreamingResponse:
+    """Server-Sent Events: every event from ``Last-Event-ID`` on, until the job ends."""
+    job = service.get_job(session, key.project_id, job_id)
+    session.close()  # the stream opens short sessions of its own; hold no connection meanwhile
+    return StreamingResponse(_follow(job.id, key.project_id, last_event_id, request),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _follow(job_id: str, project_id: str, after: int | None,
+                  request: Request) -> AsyncIterator[str]:
+    poll = 0.25
+    while not await request.is_disconnected():
+        events, done = await asyncio.to_thread(_poll_events, job_id, project_id, after)
+        for event in events:
+            after = event.id
+            payload = EventOut.model_validate(event, from_attributes=True).model_dump_json()
+            yield f"id: {event.id}\nevent: job.event\ndata: {payload}\n\n"
+        if done and not events:
+            yield "event: end\ndata: {}\n\n"
+            return
+        if not events:
+            yield ": keep-alive\n\n"
+            await asyncio.sleep(poll)
+
+
+def _poll_events(job_id: str, project_id: str, after: int | None) -> tuple[list, bool]:
+    with get_sessionmaker()() as session:
+        job = service.get_job(session, project_id, job_id)
+        events, _ = service.list_events(session, job, after=after, limit=500)
+        return events, JobStatus(job.status) in TERMINAL
+
+
+@router.get("/{job_id}/metrics", response_model=Page[MetricOut])
+def list_metrics(job_id: str, key: CurrentKey, session: SessionDep,
+                 name: str | None = None) -> Page[MetricOut]:
+    job = service.get_job(session, key.project_id, job_id)
+    metrics = service.list_metrics(session, job, name=name)
+    return Page(data=[MetricOut.model_validate(m, from_attributes=True) for m in metrics],
+                has_more=False, last_id=None)
+
+
+@router.get("/{job_id}/checkpoints", response_model=Page[CheckpointOut])
+def list_checkpoints(job_id: str, key: CurrentKey, session: SessionDep) -> Page[CheckpointOut]:
+    job = service.get_job(session, key.project_id, job_id)
+    checkpoints = service.list_checkpoints(session, job)
+    return Page(data=[CheckpointOut.model_validate(c, from_attributes=True) for c in checkpoints],
+                has_more=False, last_id=checkpoints[-1].id if checkpoints else None)
+
+
+@router.get("/{job_id}/plan", response_model=PlanOut)
+def get_plan(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep) -> PlanOut:
+    job = service.get_job(session, key.project_id, job_id)
+    return PlanOut.model_validate(service.job_plan(job, settings))

@@ -1,0 +1,156 @@
+"""The ``specdeck`` command: serve the API, run a worker, migrate, manage keys, or run it all."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The entry points docker-compose.yml, the Makefile and `specdeck run` share.
+API_COMMAND = ["specdeck", "api"]
+WORKER_COMMAND = ["specdeck", "worker"]
+MIGRATE_COMMAND = ["specdeck", "db", "upgrade"]
+
+
+def migrate(database_url: str | None = None) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config(str(ROOT / "alembic.ini"))
+    config.attributes["configure_logger"] = False
+    if database_url:
+        config.attributes["database_url"] = database_url
+    command.upgrade(config, "head")
+
+
+def _ensure_sqlite_dirs() -> None:
+    from app.settings import get_settings
+
+    settings = get_settings()
+    for path in (settings.data_root, settings.models_root, settings.logs_root, settings.work_root):
+        path.mkdir(parents=True, exist_ok=True)
+    for url in (settings.database_url, settings.broker_url):
+        if "sqlite:///" in url:
+            Path(url.split("sqlite:///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def cmd_db(args: argparse.Namespace) -> None:
+    _ensure_sqlite_dirs()
+    migrate()
+    print("database is at the latest migration")
+
+
+def cmd_api(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    _ensure_sqlite_dirs()
+    uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
+                log_level="info", access_log=not args.no_access_log, workers=args.workers)
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from app.settings import get_settings
+    from workers.celery_app import celery_app
+
+    _ensure_sqlite_dirs()
+    settings = get_settings()
+    celery_app.worker_main([
+        "worker", "--pool=threads", f"--concurrency={settings.worker_concurrency}",
+        f"--queues={settings.queue}", f"--hostname={settings.worker_name}",
+        "--without-gossip", "--without-mingle", "--loglevel=INFO",
+    ])
+
+
+def cmd_keys_create(args: argparse.Namespace) -> None:
+    from app.db import session_scope
+    from app.services.keys import create_key
+
+    with session_scope() as session:
+        new = create_key(session, args.project, args.name)
+        plaintext = new.plaintext
+    print(plaintext)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    """Development: migrate, then run the API and a worker together until Ctrl-C."""
+    from app.db import session_scope
+    from app.services.keys import create_key
+
+    _ensure_sqlite_dirs()
+    migrate()
+    with session_scope() as session:
+        key = create_key(session, args.project, "make run").plaintext
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    exe = str(Path(sys.executable).parent / "specdeck")
+    api = subprocess.Popen([exe, *API_COMMAND[1:], "--host", args.host, "--port", str(args.port)], env=env)
+    worker = subprocess.Popen([exe, *WORKER_COMMAND[1:]], env=env)
+    url = f"http://{args.host}:{args.port}"
+    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}\n"
+          f"  try: curl -H 'Authorization: Bearer {key}' {url}/api/jobs\n"
+          "  Ctrl-C stops the API and the worker.\n", flush=True)
+    children = [api, worker]
+    try:
+        while all(c.poll() is None for c in children):
+            try:
+                children[0].wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        print("stopped", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdeck", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    api = sub.add_parser("api", help="serve the control plane and gateway (uvicorn)")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8000)
+    api.add_argument("--workers", type=int, default=1)
+    api.add_argument("--no-access-log", action="store_true")
+    api.set_defaults(func=cmd_api)
+
+    worker = sub.add_parser("worker", help="run a Celery worker that executes job pipelines")
+    worker.set_defaults(func=cmd_worker)
+
+    db = sub.add_parser("db", help="database migrations")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser("upgrade", help="apply all migrations").set_defaults(func=cmd_db)
+
+    keys = sub.add_parser("keys", help="API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
+    create.add_argument("--project", default="default")
+    create.add_argument("--name", default="")
+    create.set_defaults(func=cmd_keys_create)
+
+    run = sub.add_parser("run", help="migrate, then run the API and a worker (development)")
+    run.add_argument("--host", default="127.0.0.1")
+    run.add_argument("--port", type=int, default=8000)
+    run.add_argument("--project", default="default")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Database engine, sessions and the after-commit hook queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.settings import get_settings
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@lru_cache
+def get_engine() -> Engine:
+    return make_engine(get_settings().database_url)
+
+
+@lru_cache
+def get_sessionmaker() -> sessionmaker[Session]:
+    return sessionmaker(get_engine(), expire_on_commit=False)
+
+
+def after_commit(session: Session, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the session's transaction has committed; drop it on rollback.
+
+    This is how Celery kicks are sent: never for a row that did not make it to the database.
+    """
+    session.info.setdefault("after_commit", []).append(callback)
+
+
+@event.listens_for(Session, "after_commit")
+def _run_after_commit(session: Session) -> None:
+    callbacks = session.info.pop("after_commit", [])
+    for callback in callbacks:
+        callback()
+
+
+@event.listens_for(Session, "after_rollback")
+def _drop_after_commit(session: Session) -> None:
+    session.info.pop("after_commit", None)
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """A unit of work for code outside a request (workers, CLI): commit on success."""
+    session = get_sessionmaker()()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,166 @@
+"""Typed SQLAlchemy 2 models. The schema itself is owned by the Alembic migrations."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """A sortable id: milliseconds since the epoch, then randomness (newest sorts last)."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{os.urandom(6).hex()}"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite hands back naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+BigIntPK = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("proj"))
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("key"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100), default="")
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("project_id", "idempotency_key", name="uq_jobs_project_idempotency_key"),
+        Index("ix_jobs_project_id_id", "project_id", "id"),
+        Index("ix_jobs_project_status_id", "project_id", "status", "id"),
+        Index("ix_jobs_status_lock_expires_at", "status", "lock_expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    # Only app.services.state.transition() writes status and stage.
+    status: Mapped[str] = mapped_column(String(20))
+    stage: Mapped[str | None] = mapped_column(String(32))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    lock_owner: Mapped[str | None] = mapped_column(String(255))
+    lock_token: Mapped[str | None] = mapped_column(String(64))
+    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The process groups the job runs now (server, trainer) and their host, for reaping.
+    pgids: Mapped[list[int] | None] = mapped_column(JSON)
+    pgid_host: Mapped[str | None] = mapped_column(String(255))
+    kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str | None] = mapped_column(String(20))
+    stage: Mapped[str | None] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class JobMetric(Base):
+    __tablename__ = "job_metrics"
+    __table_args__ = (Index("ix_job_metrics_job_id_name_step", "job_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int | None] = mapped_column(Integer)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "epoch", name="uq_checkpoints_job_epoch"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ckpt"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    is_best: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    queue: Mapped[str] = mapped_column(String(255))
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    capacity: Mapped[int] = mapped_column(Integer, default=1)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

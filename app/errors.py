@@ -1,0 +1,113 @@
+"""One error shape for every response: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.code = code
+        self.param = param
+        self.type = type or _TYPES.get(status_code, "api_error")
+        self.headers = headers
+
+
+def not_found(what: str, ident: str, param: str | None = None) -> APIError:
+    return APIError(404, f"No {what} with id '{ident}'", code="not_found", param=param)
+
+
+def error_body(status_code: int, message: str, *, code: str | None = None,
+               param: str | None = None, type: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type or _TYPES.get(status_code, "api_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.status_code, exc.message, code=exc.code, param=exc.param, type=exc.type),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+def _param(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0]
+    param = _param(first.get("loc", ()))
+    kind = first.get("type", "invalid")
+    message = first.get("msg", "Invalid request")
+    if kind == "extra_forbidden":
+        message = f"Unknown field '{param}'"
+        code = "unknown_field"
+    elif kind in ("missing",):
+        message = f"Missing required field '{param}'"
+        code = "missing_field"
+    elif kind == "json_invalid":
+        message = "Request body is not valid JSON"
+        code = "invalid_json"
+    else:
+        message = f"{param}: {message}" if param else message
+        code = "invalid_value"
+    return JSONResponse(error_body(422, message, code=code, param=param), status_code=422)
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return JSONResponse(error_body(exc.status_code, str(exc.detail), code=code),
+                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return JSONResponse(error_body(500, "Internal server error", code="internal_error",
+                                   type="server_error"), status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unhandled)

@@ -1,0 +1,87 @@
+"""Pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streams and add latency)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from prometheus_client import Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import error_body
+
+REQUESTS = Counter("specdeck_http_requests_total", "HTTP requests", ["method", "route", "status"])
+LATENCY = Histogram("specdeck_http_request_seconds", "HTTP request latency", ["method", "route"])
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodySizeLimit:
+    """Answer 413 in the error shape for a body over ``max_bytes`` (declared or streamed)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send)
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = json.dumps(error_body(413, f"Request body is larger than {self.max_bytes} bytes",
+                                     code="request_too_large")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class PrometheusMetrics:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            LATENCY.labels(scope["method"], path).observe(time.perf_counter() - start)
+            REQUESTS.labels(scope["method"], path, str(status)).inc()

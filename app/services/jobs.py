@@ -1,0 +1,179 @@
+"""Training jobs: create (validated, idempotent), read, list, cancel. Scoped to a project."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.db.models import Checkpoint, Job, JobEvent, JobMetric
+from app.errors import APIError, not_found
+from app.schemas.jobs import JobCreate, JobOut
+from app.services import state
+from app.services.dispatch import kick
+from app.services.paths import resolve_under
+from app.services.state import JobStatus
+from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
+from app.settings import Settings
+from workers.runtimes import JobPaths, build_plan
+
+
+def request_hash(body: JobCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json", exclude_unset=True), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def resolve_spec(body: JobCreate, settings: Settings) -> dict[str, Any]:
+    """Everything the worker needs, resolved once at creation and recorded in the job."""
+    verifier = resolve_verifier(body.verifier, settings=settings)
+    speculator = body.speculator.model_dump()
+    if body.speculator.target_layer_ids is None:
+        layer_ids = default_layer_ids(verifier.num_hidden_layers)
+        try:
+            check_layer_ids(layer_ids, verifier.num_hidden_layers, param="speculator.target_layer_ids")
+        except APIError as exc:
+            raise APIError(422, f"the verifier has only {verifier.num_hidden_layers} layers; "
+                           "pass speculator.target_layer_ids explicitly",
+                           code="invalid_layer_ids", param="speculator.target_layer_ids") from exc
+        speculator["target_layer_ids"] = layer_ids
+    else:
+        check_layer_ids(body.speculator.target_layer_ids, verifier.num_hidden_layers,
+                        param="speculator.target_layer_ids")
+    dataset_path = resolve_under(settings.data_root, body.dataset, param="dataset", what="data")
+    if not dataset_path.is_file():
+        raise APIError(422, f"dataset '{body.dataset}' not found under the data root",
+                       code="dataset_not_found", param="dataset")
+    spec = body.model_dump(mode="json")
+    spec.update(
+        speculator=speculator,
+        runtime=body.runtime or settings.default_runtime,
+        dataset_path=str(dataset_path),
+        verifier_info={
+            "reference": verifier.reference,
+            "source": verifier.source,
+            "num_hidden_layers": verifier.num_hidden_layers,
+            "hidden_size": verifier.hidden_size,
+            "vocab_size": verifier.vocab_size,
+            "dtype": verifier.dtype,
+        },
+    )
+    return spec
+
+
+def create_job(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
+               idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Return ``(job, created)``; a replay with the same key and body returns the original."""
+    digest = request_hash(body)
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(session, project_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest), False
+    job = Job(project_id=project_id, spec=resolve_spec(body, settings),
+              idempotency_key=idempotency_key, request_hash=digest)
+    try:
+        with session.begin_nested():
+            state.initialize(session, job)
+    except IntegrityError:
+        # A concurrent request with the same key won the race.
+        existing = _by_idempotency_key(session, project_id, idempotency_key or "")
+        if existing is None:
+            raise
+        return _replay(existing, digest), False
+    kick(session, job)
+    return job, True
+
+
+def _by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.project_id == project_id,
+                                             Job.idempotency_key == key)).first()
+
+
+def _replay(existing: Job, digest: str) -> Job:
+    if existing.request_hash != digest:
+        raise APIError(422, "this Idempotency-Key was already used with a different request body",
+                       code="idempotency_key_reused", param="Idempotency-Key")
+    return existing
+
+
+def get_job(session: Session, project_id: str, job_id: str) -> Job:
+    job = session.scalars(select(Job).where(Job.id == job_id, Job.project_id == project_id)).first()
+    if job is None:
+        raise not_found("job", job_id)
+    return job
+
+
+def list_jobs(session: Session, project_id: str, *, limit: int, after: str | None,
+              status: JobStatus | None) -> tuple[list[Job], bool]:
+    query = select(Job).where(Job.project_id == project_id)
+    if status is not None:
+        query = query.where(Job.status == status.value)
+    if after is not None:
+        query = query.where(Job.id < after)
+    rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def cancel_job(session: Session, project_id: str, job_id: str) -> Job:
+    """Queued jobs are cancelled at once; running ones move to ``cancelling`` and their worker
+    stops the process group (SIGTERM, grace period, SIGKILL) on its next heartbeat."""
+    job = get_job(session, project_id, job_id)
+    current = JobStatus(job.status)
+    if current in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        return job
+    if current == JobStatus.QUEUED:
+        state.transition(session, job, JobStatus.CANCELLED, reason="cancelled by user",
+                         message="cancelled before a worker claimed it")
+    elif current == JobStatus.RUNNING:
+        state.transition(session, job, JobStatus.CANCELLING, reason="cancel requested by user")
+    else:
+        raise APIError(409, f"job {job.id} already {current}; it cannot be cancelled",
+                       code="job_not_cancellable")
+    return job
+
+
+def list_events(session: Session, job: Job, *, after: int | None, limit: int) -> tuple[list[JobEvent], bool]:
+    query = select(JobEvent).where(JobEvent.job_id == job.id)
+    if after is not None:
+        query = query.where(JobEvent.id > after)
+    rows = list(session.scalars(query.order_by(JobEvent.id).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def list_metrics(session: Session, job: Job, *, name: str | None) -> list[JobMetric]:
+    query = select(JobMetric).where(JobMetric.job_id == job.id)
+    if name is not None:
+        query = query.where(JobMetric.name == name)
+    return list(session.scalars(query.order_by(JobMetric.id)))
+
+
+def list_checkpoints(session: Session, job: Job) -> list[Checkpoint]:
+    return list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id)
+                                .order_by(Checkpoint.epoch)))
+
+
+def job_out(job: Job) -> JobOut:
+    spec = job.spec
+    return JobOut(
+        id=job.id, status=job.status, stage=job.stage, status_reason=job.status_reason,
+        error_code=job.error_code, verifier=spec["verifier"], dataset=spec["dataset"],
+        speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
+        runtime=spec["runtime"], publish=spec.get("publish"), metadata=spec.get("metadata", {}),
+        attempt=job.attempt, created_at=job.created_at, updated_at=job.updated_at,
+        started_at=job.started_at, finished_at=job.finished_at,
+    )
+
+
+def job_plan(job: Job, settings: Settings) -> dict[str, Any]:
+    plan = build_plan(job.spec, JobPaths.for_job(settings, job.id))
+    return {
+        "job_id": job.id,
+        "runtime": plan.runtime,
+        "layer_ids": {"verifier_server": plan.server_layer_ids, "trainer": plan.trainer_layer_ids},
+        "gpus": {"verifier": plan.verifier_gpus, "trainer": plan.trainer_gpus},
+        "stages": [{"stage": s.stage, "description": s.description, "argv": s.argv,
+                    "env": s.redacted_env(), "gpus": s.gpus} for s in plan.stages],
+    }

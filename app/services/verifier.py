@@ -1,0 +1,82 @@
+"""Resolve a verifier reference (Hub id or a path under the models root) and its layer ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.errors import APIError
+from app.schemas.jobs import HF_REPO_ID
+from app.services.paths import looks_like_path, resolve_under
+from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class VerifierInfo:
+    reference: str  # what the trainer and server are given: an absolute path or a Hub id
+    source: str  # "local" or "hub"
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str | None
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    # Multimodal checkpoints keep the language model's numbers under text_config.
+    return config.get("text_config") or config
+
+
+def read_config(reference: str, *, settings: Settings, token: str | None = None) -> tuple[str, str, dict[str, Any]]:
+    models_root = settings.models_root
+    if looks_like_path(reference) or (models_root / reference).exists():
+        path = resolve_under(models_root, reference, param="verifier", what="models")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise APIError(422, f"verifier '{reference}' has no config.json under the models root",
+                           code="verifier_not_found", param="verifier")
+        return str(path), "local", json.loads(config_file.read_text())
+    if not HF_REPO_ID.match(reference):
+        raise APIError(422, "verifier must be a Hugging Face id ('org/name') or a path under the "
+                       "models root", code="invalid_verifier", param="verifier")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        config_file = hf_hub_download(reference, "config.json", token=token, etag_timeout=10)
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise APIError(422, f"could not read config.json of verifier '{reference}' from the "
+                       f"Hugging Face Hub: {type(exc).__name__}", code="verifier_not_found",
+                       param="verifier") from exc
+    return reference, "hub", json.loads(Path(config_file).read_text())
+
+
+def resolve_verifier(reference: str, *, settings: Settings) -> VerifierInfo:
+    resolved, source, config = read_config(reference, settings=settings)
+    text = _text_config(config)
+    try:
+        return VerifierInfo(reference=resolved, source=source,
+                            num_hidden_layers=int(text["num_hidden_layers"]),
+                            hidden_size=int(text["hidden_size"]), vocab_size=int(text["vocab_size"]),
+                            dtype=text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise APIError(422, f"verifier config.json lacks {exc}", code="invalid_verifier_config",
+                       param="verifier") from exc
+
+
+def default_layer_ids(num_hidden_layers: int) -> list[int]:
+    n = num_hidden_layers
+    return [2, n // 2, n - 3]
+
+
+def check_layer_ids(layer_ids: list[int], num_hidden_layers: int, *, param: str) -> list[int]:
+    n = num_hidden_layers
+    if len(set(layer_ids)) != len(layer_ids):
+        raise APIError(422, f"{param} must be unique", code="invalid_layer_ids", param=param)
+    if layer_ids != sorted(layer_ids):
+        raise APIError(422, f"{param} must be sorted ascending", code="invalid_layer_ids", param=param)
+    if not all(0 < i < n for i in layer_ids):
+        raise APIError(422, f"{param} must lie in 0 < id < {n} (the verifier has {n} layers)",
+                       code="invalid_layer_ids", param=param)
+    return layer_ids

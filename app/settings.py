@@ -1,0 +1,74 @@
+"""All configuration, in one pydantic-settings class (environment prefix ``SPECDECK_``)."""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SECRET_KEY = "dev-insecure-secret-key-change-me"
+VAR = Path("var")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECDECK_", env_file=".env", extra="ignore")
+
+    env: Literal["development", "production"] = "development"
+    # Embedded default: a SQLite file and kombu's SQLAlchemy transport, no servers needed.
+    database_url: str = f"sqlite:///{VAR}/specdeck.db"
+    broker_url: str = f"sqla+sqlite:///{VAR}/broker.db"
+    secret_key: str = DEFAULT_SECRET_KEY
+
+    data_root: Path = VAR / "data"
+    models_root: Path = VAR / "models"
+    logs_root: Path = VAR / "logs"
+    work_root: Path = VAR / "work"
+
+    # The runtime a job gets when it names none: "vllm" on GPU hosts, "local" on a laptop.
+    default_runtime: Literal["vllm", "local"] = "vllm"
+
+    # HTTP limits.
+    max_body_bytes: int = 1_048_576
+
+    # Celery queue that kicks go to, and the worker's identity.
+    queue: str = "specdeck"
+    worker_name: str = Field(default_factory=lambda: f"worker@{socket.gethostname()}")
+    worker_concurrency: int = 1
+    # "0,1,2,3" pins the GPUs a worker offers; "" means none. Unset: ask NVML.
+    worker_gpus: str | None = None
+
+    # Leases and the reconciler.
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 5.0
+    reconcile_seconds: float = 5.0
+    rekick_after_seconds: float = 30.0
+    max_attempts: int = 3
+    cancel_grace_seconds: float = 5.0
+
+    # Which pipeline the worker runs: "module:ATTRIBUTE". Tests point this at test-only stages.
+    pipeline: str = "workers.pipeline:PIPELINE"
+
+    @model_validator(mode="after")
+    def _refuse_default_secrets_in_production(self) -> "Settings":
+        if self.env == "production":
+            if self.secret_key == DEFAULT_SECRET_KEY or len(self.secret_key) < 32:
+                raise ValueError(
+                    "SPECDECK_SECRET_KEY must be set to a random value of at least 32 characters "
+                    "in production (SPECDECK_ENV=production)"
+                )
+            if self.database_url.startswith("sqlite"):
+                raise ValueError("SPECDECK_DATABASE_URL must point to Postgres in production")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,23 @@
+"""Test-only pipeline: one stage that runs a real long-running Python child under the
+supervisor. The job's metadata says how long it runs (``test_seconds``)."""
+
+from __future__ import annotations
+
+import sys
+
+from app.services.state import Stage
+from workers.runner import JobContext, PipelineStage
+from workers.runtimes import StageCommand
+
+
+def run_child(ctx: JobContext) -> None:
+    meta = ctx.spec.get("metadata", {})
+    argv = [sys.executable, "-m", "tests.support.child", "--seconds", meta.get("test_seconds", "1")]
+    if meta.get("test_pid_dir"):
+        argv += ["--pid-file", f"{meta['test_pid_dir']}/{ctx.job_id}-{ctx.lease.attempt}.pid"]
+    if meta.get("test_ignore_sigterm"):
+        argv.append("--ignore-sigterm")
+    ctx.run(StageCommand(Stage.TRAINING.value, "test child", argv))
+
+
+PIPELINE = [PipelineStage(Stage.TRAINING, run_child)]

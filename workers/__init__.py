@@ -1,0 +1,1 @@
+"""SpecDeck GPU workers: Celery tasks, leases, supervision and the training pipeline."""

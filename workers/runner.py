@@ -1,0 +1,186 @@
+"""Runs a claimed job through its pipeline: stages, events, supervision, and the final status."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import socket
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.db import session_scope
+from app.services.dispatch import kick
+from app.services.state import JobStatus, Stage, StaleJob, record_event, transition
+from app.settings import Settings
+from workers.lease import Heartbeat, Lease, LeaseLost
+from workers.runtimes import JobPaths, StageCommand
+from workers.supervisor import ManagedProcess, tail
+
+log = logging.getLogger(__name__)
+
+HOST = socket.gethostname()
+# Set when the worker itself is shutting down (Ctrl-C, SIGTERM): jobs are handed back.
+SHUTTING_DOWN = threading.Event()
+
+
+class StageFailed(Exception):
+    def __init__(self, message: str, *, code: str = "stage_failed", log_tail: str = "") -> None:
+        super().__init__(message)
+        self.code, self.log_tail = code, log_tail
+
+
+class Cancelled(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    stage: Stage
+    run: Callable[["JobContext"], None]
+
+
+@dataclass
+class JobContext:
+    """What a stage gets: the job's spec and paths, and guarded ways to report and run."""
+
+    lease: Lease
+    spec: dict[str, Any]
+    settings: Settings
+    heartbeat: Heartbeat
+    paths: JobPaths = field(init=False)
+    secrets: list[str] = field(default_factory=list)
+    _cleanups: list[Callable[[], None]] = field(default_factory=list)
+    _pgids: list[int] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.paths = JobPaths.for_job(self.settings, self.lease.job_id)
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.job_id
+
+    def check(self) -> None:
+        """Raise if the job must stop: lease lost, cancel requested, or worker shutting down."""
+        if self.heartbeat.lost.is_set():
+            raise LeaseLost(self.job_id)
+        if self.heartbeat.cancel_requested.is_set():
+            raise Cancelled
+        if SHUTTING_DOWN.is_set():
+            raise ShuttingDown
+
+    def should_stop(self) -> bool:
+        return (self.heartbeat.lost.is_set() or self.heartbeat.cancel_requested.is_set()
+                or SHUTTING_DOWN.is_set())
+
+    def set_stage(self, stage: Stage) -> None:
+        with session_scope() as session:
+            transition(session, self.lease.load(session), JobStatus.RUNNING, stage=stage,
+                       token=self.lease.token)
+
+    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        with session_scope() as session:
+            record_event(session, self.lease.load(session), kind, message, data)
+
+    def write(self, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(session)`` while the lease is still ours (metrics, checkpoints)."""
+        with session_scope() as session:
+            self.lease.load(session)
+            fn(session)
+
+    def on_cleanup(self, fn: Callable[[], None]) -> None:
+        self._cleanups.append(fn)
+
+    def _track(self, pgid: int, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._pgids.append(pgid)
+            elif pgid in self._pgids:
+                self._pgids.remove(pgid)
+            with session_scope() as session:
+                self.lease.update(session, pgids=list(self._pgids), pgid_host=HOST)
+
+    def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None) -> ManagedProcess:
+        """Start a process in its own group; its pgid is recorded so orphans can be reaped."""
+        self.event("process", f"starting: {command.description}",
+                   {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
+        proc = ManagedProcess(command.argv, env=command.env, log_path=self.paths.log,
+                              job_id=self.job_id, secrets=self.secrets, on_line=on_line)
+        self._track(proc.pgid, add=True)
+        return proc
+
+    def finish(self, proc: ManagedProcess) -> None:
+        self._track(proc.pgid, add=False)
+
+    def run(self, command: StageCommand, on_line: Callable[[str], None] | None = None) -> int:
+        """Run to completion; stops the group on cancel, takeover or shutdown, then raises."""
+        proc = self.start(command, on_line)
+        try:
+            code = proc.wait(self.should_stop, grace=self.settings.cancel_grace_seconds)
+        finally:
+            self.finish(proc)
+        self.check()
+        if code != 0:
+            raise StageFailed(f"{command.description} exited with code {code}",
+                              code=classify_exit(code), log_tail=tail(self.paths.log))
+        return code
+
+
+def classify_exit(code: int) -> str:
+    if code in (137, -9):
+        return "host_oom_killed"
+    return "process_failed"
+
+
+def load_pipeline(spec: str) -> list[PipelineStage]:
+    module, _, attr = spec.partition(":")
+    return list(getattr(importlib.import_module(module), attr))
+
+
+def _finish(lease: Lease, to: JobStatus, **kwargs: Any) -> None:
+    with session_scope() as session:
+        job = lease.load(session)
+        if job.status == JobStatus.CANCELLING:  # a cancel request wins over any other ending
+            to, kwargs = JobStatus.CANCELLED, {"reason": "cancelled by user"}
+        transition(session, job, to, token=lease.token, **kwargs)
+        if to == JobStatus.QUEUED:
+            kick(session, job)
+
+
+def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
+    heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
+                          lease_seconds=settings.lease_seconds)
+    with heartbeat:
+        ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat)
+        try:
+            try:
+                for stage in load_pipeline(settings.pipeline):
+                    ctx.check()
+                    ctx.set_stage(stage.stage)
+                    stage.run(ctx)
+                ctx.check()
+            finally:
+                for cleanup in reversed(ctx._cleanups):
+                    cleanup()
+            _finish(lease, JobStatus.SUCCEEDED, stage=None, message="all stages completed")
+        except Cancelled:
+            _finish(lease, JobStatus.CANCELLED, reason="cancelled by user")
+        except ShuttingDown:
+            _finish(lease, JobStatus.QUEUED, reason="worker shut down; waiting for a worker",
+                    message=f"{lease.owner} shut down; job handed back")
+        except StageFailed as exc:
+            _finish(lease, JobStatus.FAILED, reason=str(exc), error_code=exc.code,
+                    data={"log_tail": exc.log_tail})
+        except (LeaseLost, StaleJob):
+            log.warning("job %s: lease lost; another worker owns it now", lease.job_id)
+        except Exception as exc:
+            log.exception("job %s failed", lease.job_id)
+            _finish(lease, JobStatus.FAILED, reason=f"internal error: {exc}",
+                    error_code="internal_error", data={"traceback": traceback.format_exc()})

@@ -1,0 +1,64 @@
+"""The ``local`` runtime (no GPU): SpecDeck's own hidden-states server and the same trainer on
+the CPU, under torchrun with gloo when more than one process is asked for."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from workers.runtimes import (
+    JobPaths,
+    Plan,
+    StageCommand,
+    cuda_env,
+    generate_offline_argv,
+    prepare_data_argv,
+    server_layer_ids,
+    trainer_args,
+)
+
+# Sized for a CPU (dflash-facts.md section 3): flex attention has no CPU backward, the fused
+# loss is Triton, and dataloader workers only compete for the cores.
+CPU_TRAINER_FLAGS = ["--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+                     "--num-workers", "0", "--hidden-states-dtype", "float32"]
+
+
+def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str) -> list[str]:
+    return [
+        sys.executable, "-m", "workers.runtimes.local.hidden_states_server",
+        "--model", spec["verifier_info"]["reference"],
+        "--served-model-name", spec["verifier_info"]["reference"],
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--layer-ids", *[str(i) for i in server_layer_ids(spec)],
+        "--hidden-states-dir", str(paths.hidden_states),
+    ]
+
+
+def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
+          gpus: tuple[list[int], list[int]] | None) -> Plan:
+    processes = spec["resources"]["trainer_gpus"]
+    port_text = str(port) if port else "<port>"
+    endpoint = f"http://127.0.0.1:{port_text}"
+    cpu = cuda_env([])
+    stages = [
+        StageCommand("starting_verifier", "local hidden-states server (transformers on the CPU)",
+                     verifier_server_argv(spec, paths, port_text), cpu),
+        StageCommand("preparing_data", "speculators prepare-data through the server's renderer",
+                     prepare_data_argv(spec, paths, endpoint), cpu),
+    ]
+    if spec["mode"] in ("offline", "hybrid"):
+        stages.append(StageCommand("preparing_data", "speculators generate-offline-data",
+                                   generate_offline_argv(spec, paths, endpoint), cpu))
+    if processes > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc_per_node={processes}", "-m", "workers.runtimes.local.train"]
+    else:
+        launcher = [sys.executable, "-m", "workers.runtimes.local.train"]
+    stages.append(StageCommand("training", "speculators trainer on the CPU (gloo)",
+                               launcher + trainer_args(spec, paths, endpoint) + CPU_TRAINER_FLAGS,
+                               {**cpu, "COLUMNS": "1000", "OMP_NUM_THREADS": "1"
+                                if processes > 1 else "2"}))
+    return Plan(runtime="local", server_layer_ids=server_layer_ids(spec),
+                trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
+                verifier_gpus=[], trainer_gpus=[], stages=stages)

@@ -1,0 +1,72 @@
+"""The ``vllm`` runtime (GPU hosts): real vLLM for hidden states and the speculators trainer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from workers.runtimes import (
+    JobPaths,
+    Plan,
+    StageCommand,
+    cuda_env,
+    default_gpus,
+    generate_offline_argv,
+    prepare_data_argv,
+    server_layer_ids,
+    trainer_args,
+)
+
+GPU_MEMORY_UTILIZATION = "0.85"
+
+
+def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str) -> list[str]:
+    res = spec["resources"]["verifier"]
+    speculative_config = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": server_layer_ids(spec)}
+        },
+    }
+    kv_transfer_config = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(paths.hidden_states)},
+    }
+    return [
+        "vllm", "serve", spec["verifier_info"]["reference"],
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--tensor-parallel-size", str(res["tensor_parallel_size"]),
+        "--data-parallel-size", str(res["data_parallel_size"]),
+        "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION,
+        "--speculative-config", json.dumps(speculative_config),
+        "--kv-transfer-config", json.dumps(kv_transfer_config),
+    ]
+
+
+def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
+          gpus: tuple[list[int], list[int]] | None) -> Plan:
+    verifier_gpus, trainer_gpus = gpus or default_gpus(spec)
+    port_text = str(port) if port else "<port>"
+    endpoint = f"http://127.0.0.1:{port_text}"
+    stages = [
+        StageCommand("starting_verifier", "vLLM server that extracts hidden states",
+                     verifier_server_argv(spec, paths, port_text), cuda_env(verifier_gpus),
+                     verifier_gpus),
+        StageCommand("preparing_data", "speculators prepare-data through the server's renderer",
+                     prepare_data_argv(spec, paths, endpoint), cuda_env([])),
+    ]
+    if spec["mode"] in ("offline", "hybrid"):
+        stages.append(StageCommand("preparing_data", "speculators generate-offline-data",
+                                   generate_offline_argv(spec, paths, endpoint), cuda_env([])))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={len(trainer_gpus)}", "-m", "speculators.train"]
+    stages.append(StageCommand("training", "speculators trainer under torchrun",
+                               launcher + trainer_args(spec, paths, endpoint),
+                               {**cuda_env(trainer_gpus), "COLUMNS": "1000"}, trainer_gpus))
+    return Plan(runtime="vllm", server_layer_ids=server_layer_ids(spec),
+                trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
+                verifier_gpus=verifier_gpus, trainer_gpus=trainer_gpus, stages=stages)

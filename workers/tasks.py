@@ -1,0 +1,55 @@
+"""Thin Celery tasks and the worker's lifecycle hooks."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import signals
+from sqlalchemy import select
+
+from app.db import session_scope
+from app.db.models import Job
+from app.services import workers as registry
+from app.settings import get_settings
+from workers.celery_app import celery_app
+from workers.gpus import detect_gpus
+from workers.lease import claim
+from workers.reconciler import Reconciler, reap_own_orphans
+from workers.runner import HOST, SHUTTING_DOWN, run_job
+
+log = logging.getLogger(__name__)
+_reconciler: Reconciler | None = None
+
+
+@celery_app.task(name="specdeck.run_job", acks_late=True, ignore_result=True)
+def run_job_task(job_id: str) -> None:
+    """Load the job, claim its lease, run the pipeline. A duplicate message does nothing."""
+    settings = get_settings()
+    lease = claim(job_id, settings.worker_name, settings.lease_seconds)
+    if lease is None:
+        log.info("job %s is not queued (duplicate or stale message): nothing to do", job_id)
+        return
+    with session_scope() as session:
+        spec = session.scalar(select(Job.spec).where(Job.id == job_id))
+    run_job(lease, spec, settings)
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(**_: object) -> None:
+    global _reconciler
+    settings = get_settings()
+    gpus = detect_gpus(settings.worker_gpus)
+    with session_scope() as session:
+        registry.register(session, worker_id=settings.worker_name, host=HOST, queue=settings.queue,
+                          gpus=gpus, capacity=settings.worker_concurrency)
+    reap_own_orphans(settings.worker_name, HOST)
+    _reconciler = Reconciler(settings, settings.worker_name, HOST)
+    _reconciler.start()
+    log.info("worker %s ready on %s with %d GPU(s)", settings.worker_name, HOST, len(gpus))
+
+
+@signals.worker_shutting_down.connect
+def _on_shutdown(**_: object) -> None:
+    SHUTTING_DOWN.set()
+    if _reconciler is not None:
+        _reconciler.stopped.set()
