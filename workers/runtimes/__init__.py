@@ -122,8 +122,6 @@ def trainer_args(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[s
         "--lr", str(sp["lr"]),
         "--scheduler-type", sp["scheduler"],
         "--seed", str(sp["seed"]),
-        "--logger", "tensorboard",
-        "--log-dir", str(paths.root / "tensorboard"),
     ]
     if sp.get("draft_vocab_size"):
         args += ["--draft-vocab-size", str(sp["draft_vocab_size"])]

@@ -1,0 +1,292 @@
+"""Shared fixtures: a fresh Postgres database built by Alembic, a SQLite file, Redis, real
+``specdeck worker`` processes, and an API client with a project-scoped key."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECDECK = str(Path(sys.executable).parent / "specdeck")
+PG_ADMIN_URL = os.environ.get("SPECDECK_TEST_PG_ADMIN_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("SPECDECK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Short leases and heartbeats so fault tests finish quickly.
+FAST_WORKER_ENV = {
+    "SPECDECK_LEASE_SECONDS": "3",
+    "SPECDECK_HEARTBEAT_SECONDS": "0.5",
+    "SPECDECK_RECONCILE_SECONDS": "0.5",
+    "SPECDECK_REKICK_AFTER_SECONDS": "3",
+    "SPECDECK_CANCEL_GRACE_SECONDS": "2",
+}
+
+
+def configure(env: dict[str, str]) -> None:
+    """Point this process's settings, engine and Celery app at ``env``."""
+    from app.db import get_engine, get_sessionmaker
+    from app.settings import get_settings
+    from workers.celery_app import get_celery
+
+    os.environ.update(env)
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    for cached in (get_settings, get_engine, get_sessionmaker, get_celery):
+        cached.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    from app.cli import migrate
+
+    name = f"specdeck_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (run `make test`, which "
+                    f"starts it): {exc}")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    migrate(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from app.cli import migrate
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'specdeck.db'}"
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("roots")
+    paths = {name: base / name for name in ("data", "models", "logs", "work")}
+    for path in paths.values():
+        path.mkdir()
+    return {f"SPECDECK_{name.upper()}_ROOT": str(path) for name, path in paths.items()}
+
+
+@dataclass
+class Stack:
+    """One backend (database + broker) that the in-process API and worker processes share."""
+
+    name: str
+    env: dict[str, str]
+    tmp: Path
+    workers: list["WorkerProcess"] = field(default_factory=list)
+
+    @property
+    def models_root(self) -> Path:
+        return Path(self.env["SPECDECK_MODELS_ROOT"])
+
+    @property
+    def data_root(self) -> Path:
+        return Path(self.env["SPECDECK_DATA_ROOT"])
+
+    def start_worker(self, name: str | None = None, **env: str) -> "WorkerProcess":
+        worker = WorkerProcess.start(self, name or f"w-{uuid.uuid4().hex[:6]}", env)
+        self.workers.append(worker)
+        return worker
+
+    def scalar(self, sql: str, **params: Any) -> Any:
+        from app.db import get_engine
+
+        with get_engine().connect() as conn:
+            return conn.execute(sa.text(sql), params).scalar()
+
+
+def _stack(name: str, db_url: str, broker_url: str, roots: dict[str, str], tmp: Path) -> Iterator[Stack]:
+    env = {
+        "SPECDECK_DATABASE_URL": db_url,
+        "SPECDECK_BROKER_URL": broker_url,
+        "SPECDECK_QUEUE": f"specdeck-test-{uuid.uuid4().hex[:8]}",
+        "SPECDECK_DEFAULT_RUNTIME": "local",
+        **roots,
+        **FAST_WORKER_ENV,
+    }
+    configure(env)
+    stack = Stack(name=name, env=env, tmp=tmp)
+    yield stack
+    for worker in stack.workers:
+        worker.kill()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def stack(request: pytest.FixtureRequest, roots: dict[str, str], tmp_path: Path) -> Iterator[Stack]:
+    """The API tests run on both: Postgres + Redis, and the embedded SQLite default."""
+    if request.param == "postgres":
+        url = request.getfixturevalue("pg_url")
+        yield from _stack("postgres", url, REDIS_URL, roots, tmp_path)
+    else:
+        url = request.getfixturevalue("sqlite_url")
+        broker = f"sqla+sqlite:///{Path(url.split(':///', 1)[1]).parent / 'broker.db'}"
+        yield from _stack("sqlite", url, broker, roots, tmp_path)
+
+
+@pytest.fixture
+def pg_stack(pg_url: str, roots: dict[str, str], tmp_path: Path) -> Iterator[Stack]:
+    """Postgres + Redis only: the concurrent paths (SKIP LOCKED, several workers)."""
+    yield from _stack("postgres", pg_url, REDIS_URL, roots, tmp_path)
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, stack: Stack, name: str, extra: dict[str, str]) -> "WorkerProcess":
+        env = {**os.environ, **stack.env, "SPECDECK_WORKER_NAME": name,
+               "SPECDECK_PIPELINE": "tests.support.stages:PIPELINE",
+               "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
+        log = stack.tmp / f"{name}.log"
+        proc = subprocess.Popen([SPECDECK, "worker"], env=env, stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        worker = cls(name=name, proc=proc, log=log)
+        worker.wait_ready(stack)
+        return worker
+
+    def wait_ready(self, stack: Stack, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited:\n{self.log.read_text()}")
+            if b"ready." in self.log.read_bytes() and stack.scalar(
+                    "SELECT count(*) FROM workers WHERE id = :id", id=self.name):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"worker {self.name} not ready:\n{self.log.read_text()}")
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Kill only the worker process (its stage children live in their own sessions)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+class Api:
+    """The in-process FastAPI app with one project's key."""
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client, self.key = client, key
+
+    def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}", **(extra or {})}
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.client.get(path, headers=self.headers(kw.pop("headers", None)), **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.client.post(path, headers=self.headers(kw.pop("headers", None)), **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.client.delete(path, headers=self.headers(kw.pop("headers", None)), **kw)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        response = self.get(f"/api/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        response = self.get(f"/api/jobs/{job_id}/events", params={"limit": 100})
+        assert response.status_code == 200, response.text
+        return response.json()["data"]
+
+    def wait_status(self, job_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["status"] in statuses:
+                return job
+            time.sleep(0.1)
+        raise AssertionError(f"{job_id} never reached {statuses}: {json.dumps(job)}\n"
+                             f"{json.dumps(self.events(job_id), indent=1)}")
+
+
+def new_key(project: str | None = None) -> str:
+    from app.db import session_scope
+    from app.services.keys import create_key
+
+    with session_scope() as session:
+        return create_key(session, project or f"proj-{uuid.uuid4().hex[:8]}").plaintext
+
+
+def _client(stack: Stack) -> Iterator[Api]:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    with TestClient(create_app()) as client:
+        yield Api(client, new_key())
+
+
+@pytest.fixture
+def api(stack: Stack) -> Iterator[Api]:
+    yield from _client(stack)
+
+
+@pytest.fixture
+def pg_api(pg_stack: Stack) -> Iterator[Api]:
+    yield from _client(pg_stack)
+
+
+@pytest.fixture
+def make_api() -> Callable[[Api], Api]:
+    """Another project's client on the same app."""
+    return lambda api: Api(api.client, new_key())
+
+
+def write_verifier(models_root: Path, name: str = "tiny", layers: int = 8) -> str:
+    path = models_root / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": layers,
+        "hidden_size": 64, "vocab_size": 512, "torch_dtype": "float32"}))
+    return name
+
+
+def write_dataset(data_root: Path, name: str = "chat.jsonl") -> str:
+    path = data_root / name
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    return name
+
+
+def _body_factory(stack: Stack) -> Callable[..., dict[str, Any]]:
+    verifier = write_verifier(stack.models_root)
+    dataset = write_dataset(stack.data_root)
+
+    def body(**overrides: Any) -> dict[str, Any]:
+        return {"verifier": verifier, "dataset": dataset, "runtime": "local", **overrides}
+
+    return body
+
+
+@pytest.fixture
+def job_body(stack: Stack) -> Callable[..., dict[str, Any]]:
+    return _body_factory(stack)
+
+
+@pytest.fixture
+def pg_job_body(pg_stack: Stack) -> Callable[..., dict[str, Any]]:
+    return _body_factory(pg_stack)

@@ -1,0 +1,166 @@
+"""Dispatch, leases, cancel and the reaper, with real `specdeck worker` processes running a
+test-only stage (a real long-running Python child, tests/support/child.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Api, Stack
+from workers.supervisor import group_alive
+
+
+def pid_files(directory: Path, job_id: str) -> dict[int, tuple[int, int]]:
+    """attempt -> (pid, pgid) of the child each attempt started."""
+    found = {}
+    for path in directory.glob(f"{job_id}-*.pid"):
+        pid, pgid = map(int, path.read_text().split())
+        found[int(path.stem.rsplit("-", 1)[1])] = (pid, pgid)
+    return found
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def claims(api: Api, job_id: str) -> list[dict]:
+    return [e for e in api.events(job_id) if e["message"].startswith("claimed by")]
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def test_a_worker_claims_a_created_job_within_one_second_on_redis(pg_api: Api, pg_job_body,
+                                                                   pg_stack: Stack) -> None:
+    pg_stack.start_worker()
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.5"})).json()
+    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
+    claim = claims(pg_api, job["id"])
+    assert len(claim) == 1
+    assert (ts(claim[0]["created_at"]) - ts(job["created_at"])).total_seconds() < 1.0
+    assert done["attempt"] == 1
+    assert [e["status"] for e in pg_api.events(job["id"]) if e["kind"] == "status"] == \
+        ["queued", "running", "running", "succeeded"]
+
+
+def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
+                                                      pg_stack: Stack, tmp_path: Path) -> None:
+    from app.services.dispatch import send_run_job
+
+    # Two worker processes, each able to run two tasks at once: the duplicates race for real.
+    pg_stack.start_worker(SPECDECK_WORKER_CONCURRENCY="2")
+    pg_stack.start_worker(SPECDECK_WORKER_CONCURRENCY="2")
+    job = pg_api.post("/api/jobs", json=pg_job_body(
+        metadata={"test_seconds": "1.5", "test_pid_dir": str(tmp_path)})).json()
+    for _ in range(3):
+        send_run_job(job["id"], pg_stack.env["SPECDECK_QUEUE"])
+    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
+    # Every one of the three duplicates was consumed, and each found the job taken.
+    no_ops = f"job {job['id']} is not queued (duplicate or stale message): nothing to do"
+    wait_for(lambda: sum(w.log.read_text().count(no_ops) for w in pg_stack.workers) == 3, 10,
+             "the duplicates to be consumed")
+    assert done["attempt"] == 1
+    assert len(claims(pg_api, job["id"])) == 1
+    assert list(pid_files(tmp_path, job["id"])) == [1]
+
+
+def test_c_sigkilled_worker_job_is_requeued_and_finished_by_another(pg_api: Api, pg_job_body,
+                                                                    pg_stack: Stack, tmp_path: Path) -> None:
+    first = pg_stack.start_worker("first")
+    job = pg_api.post("/api/jobs", json=pg_job_body(
+        metadata={"test_seconds": "4", "test_pid_dir": str(tmp_path)})).json()
+    orphan_pid, orphan_pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30,
+                                       "the first attempt's child")
+    first.kill()  # SIGKILL: no cleanup, the child lives on in its own session
+    assert group_alive(orphan_pgid)
+
+    pg_stack.start_worker("second")
+    done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=60)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] == 2
+    messages = [e["message"] for e in pg_api.events(job["id"])]
+    assert any(m == "claimed by first (attempt 1)" for m in messages), messages
+    assert any("lease expired, re-queued for attempt 2" in m for m in messages), messages
+    assert any(m == "claimed by second (attempt 2)" for m in messages), messages
+    assert sorted(pid_files(tmp_path, job["id"])) == [1, 2]
+    assert not group_alive(orphan_pgid), "the dead worker's child was not reaped"
+
+
+def test_retry_limit_fails_the_job_with_a_reason(pg_api: Api, pg_job_body, pg_stack: Stack,
+                                                 tmp_path: Path) -> None:
+    worker = pg_stack.start_worker("doomed", SPECDECK_MAX_ATTEMPTS="1")
+    job = pg_api.post("/api/jobs", json=pg_job_body(
+        metadata={"test_seconds": "30", "test_pid_dir": str(tmp_path)})).json()
+    _, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
+    worker.kill()
+    pg_stack.start_worker("reaper", SPECDECK_MAX_ATTEMPTS="1")
+    failed = pg_api.wait_status(job["id"], {"failed", "succeeded"}, timeout=30)
+    assert failed["status"] == "failed"
+    assert failed["error_code"] == "worker_lost"
+    assert "retry limit of 1 attempts reached" in failed["status_reason"]
+    assert not group_alive(pgid)
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["sigterm", "sigkill-after-grace"])
+def test_d_cancel_stops_the_process_group_within_ten_seconds(pg_api: Api, pg_job_body,
+                                                             pg_stack: Stack, tmp_path: Path,
+                                                             ignore_sigterm: bool) -> None:
+    pg_stack.start_worker()
+    meta = {"test_seconds": "120", "test_pid_dir": str(tmp_path)}
+    if ignore_sigterm:
+        meta["test_ignore_sigterm"] = "1"
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata=meta)).json()
+    pid, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
+    assert pg_api.post(f"/api/jobs/{job['id']}/cancel").json()["status"] == "cancelling"
+    start = time.monotonic()
+    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=10)
+    wait_for(lambda: not group_alive(pgid), 10 - (time.monotonic() - start), "the group to go")
+    assert done["status"] == "cancelled" and done["finished_at"]
+    statuses = [e["status"] for e in pg_api.events(job["id"]) if e["kind"] == "status"]
+    assert statuses[-2:] == ["cancelling", "cancelled"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_lost_message_is_rekicked_by_the_reconciler(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+    from tests.conftest import configure
+
+    # The API sends to a queue no worker listens on: the message is lost.
+    configure({"SPECDECK_QUEUE": "nobody-listens-here"})
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.2"})).json()
+    configure({"SPECDECK_QUEUE": pg_stack.env["SPECDECK_QUEUE"]})
+    pg_stack.start_worker()
+    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
+    assert done["attempt"] == 1
+
+
+def test_stage_failure_fails_the_job_with_the_log_tail(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+    pg_stack.start_worker()
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "not-a-number"})).json()
+    failed = pg_api.wait_status(job["id"], {"failed"}, timeout=30)
+    assert failed["error_code"] == "process_failed"
+    assert "test child exited with code 2" in failed["status_reason"]
+    final = pg_api.events(job["id"])[-1]
+    assert "invalid float value" in final["data"]["log_tail"]
+
+
+def test_workers_are_listed_with_heartbeats(pg_api: Api, pg_stack: Stack) -> None:
+    worker = pg_stack.start_worker("gpu-host", SPECDECK_WORKER_GPUS="0,1,2,3")
+    listed = {w["id"]: w for w in pg_api.get("/api/workers").json()["data"]}
+    assert [g["index"] for g in listed["gpu-host"]["gpus"]] == [0, 1, 2, 3]
+    assert listed["gpu-host"]["alive"] is True
+    first_beat = ts(listed["gpu-host"]["last_heartbeat_at"])
+    wait_for(lambda: ts({w["id"]: w for w in pg_api.get("/api/workers").json()["data"]}
+                        ["gpu-host"]["last_heartbeat_at"]) > first_beat, 10, "a heartbeat")
+    assert worker.proc.poll() is None

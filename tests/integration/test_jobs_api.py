@@ -1,0 +1,230 @@
+"""The jobs API on both backends (Postgres + Redis, SQLite + kombu's SQLAlchemy transport):
+validation, idempotency, project isolation, pagination, plan and cancel of a queued job."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Api, Stack
+
+
+def count_jobs(stack: Stack) -> int:
+    return stack.scalar("SELECT count(*) FROM jobs")
+
+
+def assert_error(response, status: int, code: str, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]
+
+
+def test_create_resolves_layer_ids_from_the_verifier_config(api: Api, job_body) -> None:
+    response = api.post("/api/jobs", json=job_body())
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["status"] == "queued"
+    # 8 layers: [2, n // 2, n - 3]
+    assert job["speculator"]["target_layer_ids"] == [2, 4, 5]
+    assert job["speculator"]["block_size"] == 16 and job["speculator"]["num_layers"] == 5
+    assert job["speculator"]["max_anchors"] == 3072 and job["speculator"]["total_seq_len"] == 8192
+    events = api.events(job["id"])
+    assert [e["status"] for e in events] == ["queued"]
+
+
+def test_explicit_layer_ids_are_kept(api: Api, job_body) -> None:
+    response = api.post("/api/jobs", json=job_body(speculator={"target_layer_ids": [1, 3, 6]}))
+    assert response.status_code == 201, response.text
+    assert response.json()["speculator"]["target_layer_ids"] == [1, 3, 6]
+
+
+def test_idempotent_create(api: Api, job_body, stack: Stack) -> None:
+    before = count_jobs(stack)
+    headers = {"Idempotency-Key": "ci-run-42"}
+    first = api.post("/api/jobs", json=job_body(), headers=headers)
+    assert first.status_code == 201
+    replay = api.post("/api/jobs", json=job_body(), headers=headers)
+    assert replay.status_code == 200
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json()["id"] == first.json()["id"]
+    assert count_jobs(stack) == before + 1
+
+    mismatch = api.post("/api/jobs", json=job_body(mode="offline"), headers=headers)
+    assert_error(mismatch, 422, "idempotency_key_reused", "Idempotency-Key")
+    assert count_jobs(stack) == before + 1
+
+    # The key is scoped to the project: another project may use the same key.
+    without = api.post("/api/jobs", json=job_body())
+    assert without.json()["id"] != first.json()["id"]
+
+
+def test_another_projects_job_is_404_on_every_route(api: Api, make_api, job_body) -> None:
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    other = make_api(api)
+    routes = [("post", f"/api/jobs/{job_id}/cancel"), ("get", f"/api/jobs/{job_id}"),
+              ("get", f"/api/jobs/{job_id}/events"), ("get", f"/api/jobs/{job_id}/events/stream"),
+              ("get", f"/api/jobs/{job_id}/metrics"), ("get", f"/api/jobs/{job_id}/checkpoints"),
+              ("get", f"/api/jobs/{job_id}/plan")]
+    for method, path in routes:
+        assert_error(getattr(other, method)(path), 404, "not_found")
+    assert job_id not in [j["id"] for j in other.get("/api/jobs").json()["data"]]
+    assert api.job(job_id)["status"] == "queued"  # the other project's cancel did nothing
+    for method, path in routes:  # the owner reaches every route (cancel first: streams end)
+        assert getattr(api, method)(path).status_code == 200, path
+
+
+def test_list_is_newest_first_with_cursor_and_status_filter(api: Api, job_body) -> None:
+    ids = [api.post("/api/jobs", json=job_body()).json()["id"] for _ in range(5)]
+    api.post(f"/api/jobs/{ids[0]}/cancel")
+    page = api.get("/api/jobs", params={"limit": 2}).json()
+    assert [j["id"] for j in page["data"]] == ids[::-1][:2] and page["has_more"]
+    rest = api.get("/api/jobs", params={"limit": 10, "after": page["last_id"]}).json()
+    assert [j["id"] for j in rest["data"]] == ids[::-1][2:] and not rest["has_more"]
+    cancelled = api.get("/api/jobs", params={"status": "cancelled"}).json()["data"]
+    assert [j["id"] for j in cancelled] == [ids[0]]
+    assert_error(api.get("/api/jobs", params={"status": "bogus"}), 422, "invalid_value", "status")
+    assert_error(api.get("/api/jobs", params={"limit": 0}), 422, "invalid_value", "limit")
+
+
+def test_cancel_queued_job_is_immediate_and_idempotent(api: Api, job_body) -> None:
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    statuses = [e["status"] for e in api.events(job_id)]
+    assert statuses == ["queued", "cancelled"]
+
+
+def test_plan_uses_the_same_builder_as_the_worker(api: Api, job_body, stack: Stack) -> None:
+    from app.settings import get_settings
+    from workers.runtimes import JobPaths, build_plan
+
+    job = api.post("/api/jobs", json=job_body()).json()
+    plan = api.get(f"/api/jobs/{job['id']}/plan").json()
+    assert plan["layer_ids"] == {"verifier_server": [2, 4, 5, 8], "trainer": [2, 4, 5]}
+    spec = stack_spec(stack, job["id"])
+    expected = build_plan(spec, JobPaths.for_job(get_settings(), job["id"]))
+    assert [s["argv"] for s in plan["stages"]] == [s.argv for s in expected.stages]
+
+
+def stack_spec(stack: Stack, job_id: str) -> dict:
+    from app.db import session_scope
+    from app.db.models import Job
+
+    with session_scope() as session:
+        return session.get(Job, job_id).spec
+
+
+# (g) Bad input answers 4xx in the error shape and writes nothing.
+
+@pytest.mark.parametrize("overrides, code, param", [
+    ({"bogus": 1}, "unknown_field", "bogus"),
+    ({"speculator": {"unknown": True}}, "unknown_field", "speculator.unknown"),
+    ({"speculator": {"target_layer_ids": [4, 2, 5]}}, "invalid_layer_ids", "speculator.target_layer_ids"),
+    ({"speculator": {"target_layer_ids": [2, 2, 5]}}, "invalid_layer_ids", "speculator.target_layer_ids"),
+    ({"speculator": {"target_layer_ids": [0, 2, 5]}}, "invalid_layer_ids", "speculator.target_layer_ids"),
+    ({"speculator": {"target_layer_ids": [2, 4, 8]}}, "invalid_layer_ids", "speculator.target_layer_ids"),
+    ({"speculator": {"epochs": 0}}, "invalid_value", "speculator.epochs"),
+    ({"speculator": {"epochs": -3}}, "invalid_value", "speculator.epochs"),
+    ({"speculator": {"type": "eagle3"}}, "invalid_value", "speculator.type"),
+    ({"mode": "sideways"}, "invalid_value", "mode"),
+    ({"verifier": "../models/tiny"}, "invalid_path", "verifier"),
+    ({"verifier": "tiny/../../etc"}, "invalid_path", "verifier"),
+    ({"verifier": "/etc"}, "path_outside_root", "verifier"),
+    ({"verifier": "not a model id"}, "invalid_verifier", "verifier"),
+    ({"dataset": "../../etc/passwd"}, "invalid_path", "dataset"),
+    ({"dataset": "/etc/passwd"}, "path_outside_root", "dataset"),
+    ({"dataset": "missing.jsonl"}, "dataset_not_found", "dataset"),
+    ({"publish": "no slash"}, "invalid_value", "publish"),
+    ({"resources": {"trainer_gpus": 0}}, "invalid_value", "resources.trainer_gpus"),
+])
+def test_bad_input_is_rejected_and_writes_nothing(api: Api, job_body, stack: Stack,
+                                                   overrides, code, param) -> None:
+    before = count_jobs(stack)
+    assert_error(api.post("/api/jobs", json=job_body(**overrides)), 422, code, param)
+    assert count_jobs(stack) == before
+
+
+def test_verifier_symlink_out_of_the_models_root_is_rejected(api: Api, job_body, stack: Stack,
+                                                              tmp_path: Path) -> None:
+    outside = tmp_path / "outside-model"
+    outside.mkdir()
+    (outside / "config.json").write_text('{"num_hidden_layers": 8, "hidden_size": 8, "vocab_size": 8}')
+    link = stack.models_root / f"link-{tmp_path.name}"
+    os.symlink(outside, link)
+    before = count_jobs(stack)
+    assert_error(api.post("/api/jobs", json=job_body(verifier=link.name)), 422,
+                 "path_outside_root", "verifier")
+    assert_error(api.post("/api/jobs", json=job_body(verifier=str(outside))), 422,
+                 "path_outside_root", "verifier")
+    assert count_jobs(stack) == before
+
+
+def test_verifier_too_shallow_for_default_layer_ids(api: Api, job_body, stack: Stack) -> None:
+    from tests.conftest import write_verifier
+
+    shallow = write_verifier(stack.models_root, "shallow", layers=4)
+    assert_error(api.post("/api/jobs", json=job_body(verifier=shallow)), 422, "invalid_layer_ids",
+                 "speculator.target_layer_ids")
+
+
+def test_body_over_the_size_limit_is_413(api: Api, job_body, stack: Stack) -> None:
+    before = count_jobs(stack)
+    body = job_body(metadata={f"k{i}": "x" * 500 for i in range(30)})
+    big = api.post("/api/jobs", content=("[" + " " * 1_100_000 + "]").encode(),
+                   headers={"Content-Type": "application/json"})
+    assert_error(big, 413, "request_too_large")
+    assert api.post("/api/jobs", json=body).status_code == 201  # under the limit still works
+    assert count_jobs(stack) == before + 1
+
+
+def test_invalid_json_is_422(api: Api, stack: Stack) -> None:
+    response = api.post("/api/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert_error(response, 422, "invalid_json")
+
+
+@pytest.mark.parametrize("headers, code", [
+    ({}, "missing_api_key"),
+    ({"Authorization": "Bearer sdk-not-a-real-key"}, "invalid_api_key"),
+    ({"Authorization": "Basic dXNlcjpwYXNz"}, "invalid_api_key"),
+])
+def test_missing_or_invalid_key_is_401_and_writes_nothing(api: Api, job_body, stack: Stack,
+                                                           headers, code) -> None:
+    before = count_jobs(stack)
+    response = api.client.post("/api/jobs", json=job_body(), headers=headers)
+    assert_error(response, 401, code)
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    for path in ("/api/jobs", "/api/workers"):
+        assert_error(api.client.get(path, headers=headers), 401, code)
+    assert count_jobs(stack) == before
+
+
+def test_keys_are_stored_hashed(api: Api, stack: Stack) -> None:
+    import hashlib
+
+    stored = stack.scalar("SELECT key_hash FROM api_keys WHERE key_hash = :h",
+                          h=hashlib.sha256(api.key.encode()).hexdigest())
+    assert stored is not None
+    assert stack.scalar("SELECT count(*) FROM api_keys WHERE key_hash = :k OR prefix = :k",
+                        k=api.key) == 0
+
+
+def test_service_endpoints(api: Api) -> None:
+    assert api.client.get("/healthz").json() == {"status": "ok"}
+    ready = api.client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+    api.get("/api/jobs")
+    metrics = api.client.get("/metrics").text
+    assert 'specdeck_http_requests_total{method="GET",route="/api/jobs",status="200"}' in metrics
+
+
+def test_unknown_route_uses_the_error_shape(api: Api) -> None:
+    assert_error(api.get("/api/nope"), 404, "not_found")
