@@ -1,0 +1,130 @@
+"""The command lines each runtime builds, checked against shared/docs/dflash-facts.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workers.runtimes import JobPaths, build_plan
+
+SPEC = {
+    "verifier": "Qwen/Qwen3-8B",
+    "dataset": "chat.jsonl",
+    "dataset_path": "/data/chat.jsonl",
+    "mode": "online",
+    "runtime": "vllm",
+    "resources": {"verifier": {"tensor_parallel_size": 2, "data_parallel_size": 1}, "trainer_gpus": 2},
+    "speculator": {"type": "dflash", "block_size": 16, "num_layers": 5, "target_layer_ids": [2, 18, 33],
+                   "max_anchors": 3072, "draft_vocab_size": 32000, "total_seq_len": 8192,
+                   "epochs": 3, "lr": 0.001, "scheduler": "cosine", "seed": 42},
+    "verifier_info": {"reference": "Qwen/Qwen3-8B", "source": "hub", "num_hidden_layers": 36,
+                      "hidden_size": 4096, "vocab_size": 151936, "dtype": "bfloat16"},
+    "publish": None,
+    "metadata": {},
+}
+PATHS = JobPaths(root=Path("/w/job"), hidden_states=Path("/w/job/hidden_states"),
+                 data=Path("/w/job/data"), checkpoints=Path("/w/job/checkpoints"),
+                 log=Path("/l/job.log"))
+
+
+def flag(argv: list[str], name: str, count: int = 1) -> list[str] | str:
+    i = argv.index(name)
+    values = argv[i + 1:i + 1 + count]
+    return values[0] if count == 1 else values
+
+
+def spec(**changes) -> dict:
+    return {**SPEC, **changes}
+
+
+def test_vllm_hidden_states_server() -> None:
+    server = build_plan(SPEC, PATHS, port=8123).stage("starting_verifier")
+    argv = server.argv
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-8B"]
+    assert flag(argv, "--port") == "8123"
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert flag(argv, "--data-parallel-size") == "1"
+    speculative = json.loads(flag(argv, "--speculative-config"))
+    assert speculative == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                           "draft_model_config": {"hf_config": {
+                               "eagle_aux_hidden_state_layer_ids": [2, 18, 33, 36]}}}
+    kv = json.loads(flag(argv, "--kv-transfer-config"))
+    assert kv == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                  "kv_connector_extra_config": {"shared_storage_path": "/w/job/hidden_states"}}
+    assert server.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_vllm_data_prep_uses_the_servers_renderer() -> None:
+    argv = build_plan(SPEC, PATHS, port=8123).stage("preparing_data").argv
+    assert argv[1:4] == ["-m", "speculators", "prepare-data"]
+    assert flag(argv, "--model") == "Qwen/Qwen3-8B"
+    assert flag(argv, "--data") == "/data/chat.jsonl"
+    assert flag(argv, "--output") == "/w/job/data"
+    assert flag(argv, "--seq-length") == "8192"
+    assert flag(argv, "--render-endpoint") == "http://127.0.0.1:8123"
+    assert "--no-skip-token-freq" in argv
+
+
+def test_vllm_trainer_under_torchrun() -> None:
+    plan = build_plan(SPEC, PATHS, port=8123)
+    trainer = plan.stage("training")
+    argv = trainer.argv
+    assert argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+    assert argv[6] == "speculators.train"
+    assert flag(argv, "--verifier-name-or-path") == "Qwen/Qwen3-8B"
+    assert flag(argv, "--speculator-type") == "dflash"
+    assert flag(argv, "--vllm-endpoint") == "http://127.0.0.1:8123/v1"
+    assert flag(argv, "--on-missing") == "generate"
+    assert flag(argv, "--save-path") == "/w/job/checkpoints"
+    assert flag(argv, "--data-path") == "/w/job/data"
+    # The trainer gets the server's ids minus the appended last layer.
+    assert flag(argv, "--target-layer-ids", 3) == ["2", "18", "33"]
+    assert plan.server_layer_ids[:-1] == [int(i) for i in flag(argv, "--target-layer-ids", 3)]
+    for name, value in [("--num-layers", "5"), ("--block-size", "16"), ("--max-anchors", "3072"),
+                        ("--draft-vocab-size", "32000"), ("--total-seq-len", "8192"),
+                        ("--epochs", "3"), ("--lr", "0.001"), ("--scheduler-type", "cosine"),
+                        ("--seed", "42")]:
+        assert flag(argv, name) == value, name
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert trainer.env["COLUMNS"] == "1000"
+
+
+@pytest.mark.parametrize("tp, dp, trainer_gpus", [(1, 1, 1), (2, 2, 4), (4, 1, 3), (1, 8, 1)])
+def test_verifier_and_trainer_gpus_never_overlap(tp: int, dp: int, trainer_gpus: int) -> None:
+    plan = build_plan(spec(resources={"verifier": {"tensor_parallel_size": tp, "data_parallel_size": dp},
+                                      "trainer_gpus": trainer_gpus}), PATHS, port=1)
+    verifier = set(plan.stage("starting_verifier").env["CUDA_VISIBLE_DEVICES"].split(","))
+    trainer = set(plan.stage("training").env["CUDA_VISIBLE_DEVICES"].split(","))
+    assert len(verifier) == tp * dp and len(trainer) == trainer_gpus
+    assert not verifier & trainer
+    assert f"--nproc_per_node={trainer_gpus}" in plan.stage("training").argv
+
+
+def test_explicit_gpu_assignment_is_used() -> None:
+    plan = build_plan(SPEC, PATHS, port=1, gpus=([4, 5], [6, 7]))
+    assert plan.stage("starting_verifier").env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert plan.stage("training").env["CUDA_VISIBLE_DEVICES"] == "6,7"
+
+
+@pytest.mark.parametrize("mode, on_missing, offline_step", [
+    ("online", "generate", False), ("offline", "raise", True), ("hybrid", "generate", True)])
+def test_mode_mapping(mode: str, on_missing: str, offline_step: bool) -> None:
+    plan = build_plan(spec(mode=mode), PATHS, port=9)
+    argvs = [s.argv for s in plan.stages]
+    assert any("generate-offline-data" in a for a in argvs) == offline_step
+    assert flag(plan.stage("training").argv, "--on-missing") == on_missing
+
+
+def test_local_runtime_uses_the_cpu_launcher_and_own_server() -> None:
+    plan = build_plan(spec(runtime="local", resources={"verifier": {"tensor_parallel_size": 1,
+                      "data_parallel_size": 1}, "trainer_gpus": 2}), PATHS, port=7)
+    server = plan.stage("starting_verifier").argv
+    assert server[1:3] == ["-m", "workers.runtimes.local.hidden_states_server"]
+    assert flag(server, "--layer-ids", 4) == ["2", "18", "33", "36"]
+    trainer = plan.stage("training").argv
+    assert "workers.runtimes.local.train" in trainer and "--nproc_per_node=2" in trainer
+    assert flag(trainer, "--draft-attn-impl") == "sdpa"
+    assert flag(trainer, "--loss-implementation") == "eager"
+    assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in plan.stages)
