@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 API_COMMAND = ["specdeck", "api"]
 WORKER_COMMAND = ["specdeck", "worker"]
 MIGRATE_COMMAND = ["specdeck", "db", "upgrade"]
+DEMO_MODEL, DEMO_DATA = "demo", "demo.jsonl"
 
 
 def migrate(database_url: str | None = None) -> None:
@@ -76,6 +77,34 @@ def cmd_keys_create(args: argparse.Namespace) -> None:
     print(plaintext)
 
 
+def cmd_demo_model(args: argparse.Namespace) -> None:
+    from workers.runtimes.local.demo import create_demo_model
+
+    print(create_demo_model(args.path))
+
+
+def cmd_demo_data(args: argparse.Namespace) -> None:
+    from workers.runtimes.local.demo import write_demo_data
+
+    print(write_demo_data(args.model, args.output, num_conversations=args.conversations))
+
+
+def ensure_demo() -> tuple[str, str]:
+    """The demo verifier and conversations under the models and data roots (made once)."""
+    from app.settings import get_settings
+    from workers.runtimes.local.demo import create_demo_model, write_demo_data
+
+    settings = get_settings()
+    model, data = settings.models_root / DEMO_MODEL, settings.data_root / DEMO_DATA
+    if not (model / "config.json").is_file():
+        print(f"creating the demo verifier at {model} (once) ...", flush=True)
+    create_demo_model(model)  # idempotent: returns an existing valid model as is
+    if not data.is_file():
+        print(f"writing the demo conversations to {data} (once, about a minute) ...", flush=True)
+        write_demo_data(model, data)
+    return DEMO_MODEL, DEMO_DATA
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     """Development: migrate, then run the API and a worker together until Ctrl-C."""
     from app.db import session_scope
@@ -83,6 +112,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     _ensure_sqlite_dirs()
     migrate()
+    if not args.no_demo:
+        ensure_demo()
     with session_scope() as session:
         key = create_key(session, args.project, "make run").plaintext
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -143,7 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default="127.0.0.1")
     run.add_argument("--port", type=int, default=8000)
     run.add_argument("--project", default="default")
+    run.add_argument("--no-demo", action="store_true", help="skip the demo verifier and data")
     run.set_defaults(func=cmd_run)
+
+    demo_model = sub.add_parser("demo-model", help="create a tiny random-weight Qwen3 verifier")
+    demo_model.add_argument("path")
+    demo_model.set_defaults(func=cmd_demo_model)
+
+    demo_data = sub.add_parser("demo-data", help="write conversations whose answers are the "
+                               "verifier's own greedy continuations")
+    demo_data.add_argument("--model", required=True)
+    demo_data.add_argument("--output", required=True)
+    demo_data.add_argument("--conversations", type=int, default=240)
+    demo_data.set_defaults(func=cmd_demo_data)
     return parser
 
 

@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     rekick_after_seconds: float = 30.0
     max_attempts: int = 3
     cancel_grace_seconds: float = 5.0
+    # How long the hidden-states server may take to load the verifier and answer.
+    verifier_ready_seconds: float = 900.0
 
     # Which pipeline the worker runs: "module:ATTRIBUTE". Tests point this at test-only stages.
     pipeline: str = "workers.pipeline:PIPELINE"

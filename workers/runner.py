@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shutil
 import socket
 import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.db import session_scope
 from app.services.dispatch import kick
-from app.services.state import JobStatus, Stage, StaleJob, record_event, transition
+from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
-from workers.runtimes import JobPaths, StageCommand
+from workers.runtimes import JobPaths, Plan, StageCommand
 from workers.supervisor import ManagedProcess, tail
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class JobContext:
     heartbeat: Heartbeat
     paths: JobPaths = field(init=False)
     secrets: list[str] = field(default_factory=list)
+    plan: Plan | None = None  # set once the verifier server's port is known
+    _watched: list[tuple[str, ManagedProcess, Path]] = field(default_factory=list)
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
     _pgids: list[int] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -68,7 +72,12 @@ class JobContext:
         return self.lease.job_id
 
     def check(self) -> None:
-        """Raise if the job must stop: lease lost, cancel requested, or worker shutting down."""
+        """Raise if the job must stop: lease lost, cancel requested, worker shutting down, or
+        a process the job depends on (the verifier server) died."""
+        for name, proc, log_path in self._watched:
+            if proc.poll() is not None:
+                raise StageFailed(f"{name} died (exit code {proc.poll()})",
+                                  code=f"{name.replace(' ', '_')}_died", log_tail=tail(log_path))
         if self.heartbeat.lost.is_set():
             raise LeaseLost(self.job_id)
         if self.heartbeat.cancel_requested.is_set():
@@ -78,7 +87,14 @@ class JobContext:
 
     def should_stop(self) -> bool:
         return (self.heartbeat.lost.is_set() or self.heartbeat.cancel_requested.is_set()
-                or SHUTTING_DOWN.is_set())
+                or SHUTTING_DOWN.is_set() or any(p.poll() is not None for _, p, _ in self._watched))
+
+    def watch(self, name: str, proc: ManagedProcess, log_path: Path) -> None:
+        """The job cannot go on without ``proc``: its death stops and fails the current stage."""
+        self._watched.append((name, proc, log_path))
+
+    def unwatch(self, proc: ManagedProcess) -> None:
+        self._watched = [w for w in self._watched if w[1] is not proc]
 
     def set_stage(self, stage: Stage) -> None:
         with session_scope() as session:
@@ -96,7 +112,14 @@ class JobContext:
             fn(session)
 
     def on_cleanup(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the attempt ends, whatever the outcome (stop servers)."""
         self._cleanups.append(fn)
+
+    def close(self) -> None:
+        self._watched.clear()
+        for cleanup in reversed(self._cleanups):
+            cleanup()
+        self._cleanups.clear()
 
     def _track(self, pgid: int, add: bool) -> None:
         with self._lock:
@@ -107,11 +130,12 @@ class JobContext:
             with session_scope() as session:
                 self.lease.update(session, pgids=list(self._pgids), pgid_host=HOST)
 
-    def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None) -> ManagedProcess:
+    def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
+              log_path: Path | None = None) -> ManagedProcess:
         """Start a process in its own group; its pgid is recorded so orphans can be reaped."""
         self.event("process", f"starting: {command.description}",
                    {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
-        proc = ManagedProcess(command.argv, env=command.env, log_path=self.paths.log,
+        proc = ManagedProcess(command.argv, env=command.env, log_path=log_path or self.paths.log,
                               job_id=self.job_id, secrets=self.secrets, on_line=on_line)
         self._track(proc.pgid, add=True)
         return proc
@@ -160,27 +184,44 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
     with heartbeat:
         ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat)
         try:
-            try:
-                for stage in load_pipeline(settings.pipeline):
-                    ctx.check()
-                    ctx.set_stage(stage.stage)
-                    stage.run(ctx)
-                ctx.check()
-            finally:
-                for cleanup in reversed(ctx._cleanups):
-                    cleanup()
-            _finish(lease, JobStatus.SUCCEEDED, stage=None, message="all stages completed")
-        except Cancelled:
-            _finish(lease, JobStatus.CANCELLED, reason="cancelled by user")
-        except ShuttingDown:
-            _finish(lease, JobStatus.QUEUED, reason="worker shut down; waiting for a worker",
-                    message=f"{lease.owner} shut down; job handed back")
-        except StageFailed as exc:
-            _finish(lease, JobStatus.FAILED, reason=str(exc), error_code=exc.code,
-                    data={"log_tail": exc.log_tail})
-        except (LeaseLost, StaleJob):
+            outcome = _run_stages(ctx, settings)
+        finally:
+            ctx.close()
+        if outcome is None:
             log.warning("job %s: lease lost; another worker owns it now", lease.job_id)
-        except Exception as exc:
-            log.exception("job %s failed", lease.job_id)
-            _finish(lease, JobStatus.FAILED, reason=f"internal error: {exc}",
-                    error_code="internal_error", data={"traceback": traceback.format_exc()})
+            return
+        to, kwargs = outcome
+        if to in TERMINAL:
+            remove_hidden_states(ctx.paths)
+        _finish(lease, to, **kwargs)
+
+
+def _run_stages(ctx: JobContext, settings: Settings) -> tuple[JobStatus, dict[str, Any]] | None:
+    """Run every stage; return the status the job ends in (None: the lease is no longer ours)."""
+    try:
+        for stage in load_pipeline(settings.pipeline):
+            ctx.check()
+            ctx.set_stage(stage.stage)
+            stage.run(ctx)
+        ctx.check()
+        return JobStatus.SUCCEEDED, {"stage": None, "message": "all stages completed"}
+    except Cancelled:
+        return JobStatus.CANCELLED, {"reason": "cancelled by user"}
+    except ShuttingDown:
+        return JobStatus.QUEUED, {"reason": "worker shut down; waiting for a worker",
+                                  "message": f"{ctx.lease.owner} shut down; job handed back"}
+    except StageFailed as exc:
+        return JobStatus.FAILED, {"reason": str(exc), "error_code": exc.code,
+                                  "data": {"log_tail": exc.log_tail}}
+    except (LeaseLost, StaleJob):
+        return None
+    except Exception as exc:
+        log.exception("job %s failed", ctx.job_id)
+        return JobStatus.FAILED, {"reason": f"internal error: {exc}", "error_code": "internal_error",
+                                  "data": {"traceback": traceback.format_exc()}}
+
+
+def remove_hidden_states(paths: JobPaths) -> None:
+    """Hidden states are large and only needed while the job runs: remove them at the end."""
+    for directory in (paths.hidden_states, paths.data / "hidden_states"):
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,7 +1,15 @@
-"""The training pipeline, stage by stage."""
+"""The training pipeline, in order. Each stage skips work whose output is already valid."""
 
 from __future__ import annotations
 
+from app.services.state import Stage
+from workers.pipeline.data import prepare_data
+from workers.pipeline.training import train
+from workers.pipeline.verifier import start_verifier
 from workers.runner import PipelineStage
 
-PIPELINE: list[PipelineStage] = []
+PIPELINE: list[PipelineStage] = [
+    PipelineStage(Stage.STARTING_VERIFIER, start_verifier),
+    PipelineStage(Stage.PREPARING_DATA, prepare_data),
+    PipelineStage(Stage.TRAINING, train),
+]

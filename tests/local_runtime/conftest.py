@@ -1,0 +1,86 @@
+"""Session fixtures for the local runtime: one demo verifier, its data, one running
+hidden-states server and one prepared dataset, shared by every test in this folder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.local_runtime.procs import (
+    PYTHON,
+    background,
+    free_port,
+    run_logged,
+    wait_until_ready,
+)
+from workers.runtimes.local.demo import create_demo_model, write_demo_data
+
+# The demo verifier has 8 layers: the trainer's default ids are [2, n // 2, n - 3] and
+# the server also gets n.
+NUM_LAYERS = 8
+TRAINER_LAYER_IDS = [2, 4, 5]
+SERVER_LAYER_IDS = [*TRAINER_LAYER_IDS, NUM_LAYERS]
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    served_model_name: str
+    hidden_states_dir: Path
+    log_path: Path
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("local_runtime")
+
+
+@pytest.fixture(scope="session")
+def demo_model(workspace: Path) -> Path:
+    return create_demo_model(workspace / "verifier", num_layers=NUM_LAYERS)
+
+
+@pytest.fixture(scope="session")
+def demo_data(demo_model: Path, workspace: Path) -> Path:
+    return write_demo_data(demo_model, workspace / "conversations.jsonl")
+
+
+@pytest.fixture(scope="session")
+def server(demo_model: Path, workspace: Path) -> Iterator[Server]:
+    port = free_port()
+    hidden_states_dir = workspace / "hidden_states"
+    log_path = workspace / "server.log"
+    served_name = str(demo_model)
+    argv = [
+        PYTHON, "-m", "workers.runtimes.local.hidden_states_server",
+        "--model", str(demo_model),
+        "--served-model-name", served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--layer-ids", *map(str, SERVER_LAYER_IDS),
+        "--hidden-states-dir", str(hidden_states_dir),
+    ]  # fmt: skip
+    with background(argv, log_path) as proc:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until_ready(base_url, proc, log_path)
+        yield Server(base_url, served_name, hidden_states_dir, log_path)
+
+
+@pytest.fixture(scope="session")
+def prepared_data(demo_model: Path, demo_data: Path, server: Server, workspace: Path) -> Path:
+    output = workspace / "prepared"
+    argv = [
+        PYTHON, "-m", "speculators", "prepare-data",
+        "--model", str(demo_model),
+        "--data", str(demo_data),
+        "--output", str(output),
+        "--seq-length", "512",
+        "--render-endpoint", server.base_url,
+        "--no-skip-token-freq",
+    ]  # fmt: skip
+    rc, log = run_logged(argv, workspace / "prepare_data.log", timeout_s=300)
+    assert rc == 0, log
+    return output

@@ -1,0 +1,74 @@
+"""Preflight: estimate memory and disk before anything starts, and fail early with a reason."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from workers.runner import JobContext, StageFailed
+from workers.runtimes import server_layer_ids
+
+BYTES_PER_TOKEN_OF_TEXT = 4  # a rough tokenizer ratio, to size hidden states before data prep
+GIB = 2**30
+
+
+def verifier_params(info: dict[str, Any]) -> int:
+    """A decoder-only transformer: embeddings + head + ~12 H^2 per layer."""
+    h, layers, vocab = info["hidden_size"], info["num_hidden_layers"], info["vocab_size"]
+    return 2 * vocab * h + 12 * h * h * layers
+
+
+def estimates(spec: dict[str, Any]) -> dict[str, float]:
+    info, sp = spec["verifier_info"], spec["speculator"]
+    dataset_bytes = Path(spec["dataset_path"]).stat().st_size if Path(spec["dataset_path"]).exists() else 0
+    tokens = dataset_bytes / BYTES_PER_TOKEN_OF_TEXT
+    value_bytes = 2 if spec["runtime"] == "vllm" else 4
+    per_token = len(server_layer_ids(spec)) * info["hidden_size"] * value_bytes
+    h = info["hidden_size"]
+    draft_params = sp["num_layers"] * 12 * h * h + 3 * h * h
+    res = spec["resources"]
+    return {
+        # offline/hybrid keep every sample's hidden states; online keeps a few in flight.
+        "hidden_states_disk_gib": (tokens if spec["mode"] != "online" else sp["total_seq_len"] * 64)
+        * per_token / GIB,
+        "verifier_gpu_memory_gib_per_gpu": verifier_params(info) * 2 / res["verifier"]["tensor_parallel_size"] / GIB,
+        # fp32 master weights + Adam/Muon state (~16 bytes/param) + the verifier's embeddings
+        # and head in bf16, which the draft reloads.
+        "trainer_gpu_memory_gib_per_gpu": (draft_params * 16 + 2 * info["vocab_size"] * h * 2) / GIB,
+    }
+
+
+def preflight(ctx: JobContext) -> None:
+    spec = ctx.spec
+    if not Path(spec["dataset_path"]).is_file():
+        raise StageFailed(f"dataset file {spec['dataset_path']} is gone", code="data_error")
+    figures = estimates(spec)
+    ctx.paths.root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(ctx.paths.root).free / GIB
+    ctx.event("preflight", "resources estimated", {**{k: round(v, 3) for k, v in figures.items()},
+                                                   "free_disk_gib": round(free, 1)})
+    if figures["hidden_states_disk_gib"] > free:
+        raise StageFailed(f"needs ~{figures['hidden_states_disk_gib']:.1f} GiB of disk for hidden "
+                          f"states, {free:.1f} GiB free under {ctx.paths.root}",
+                          code="insufficient_disk")
+    if spec["runtime"] == "vllm":
+        check_gpu_memory(ctx, figures)
+
+
+def check_gpu_memory(ctx: JobContext, figures: dict[str, float]) -> None:
+    import pynvml
+
+    plan_gpus = ctx.spec.get("allocation") or {}
+    pynvml.nvmlInit()
+    try:
+        for role, key in (("verifier", "verifier_gpu_memory_gib_per_gpu"),
+                          ("trainer", "trainer_gpu_memory_gib_per_gpu")):
+            for index in plan_gpus.get(role, []):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                free = pynvml.nvmlDeviceGetMemoryInfo(handle).free / GIB
+                if free < figures[key]:
+                    raise StageFailed(f"GPU {index} ({role}) has {free:.1f} GiB free; needs "
+                                      f"~{figures[key]:.1f} GiB", code="insufficient_gpu_memory")
+    finally:
+        pynvml.nvmlShutdown()
