@@ -57,12 +57,15 @@ def cmd_api(args: argparse.Namespace) -> None:
 def cmd_worker(args: argparse.Namespace) -> None:
     from app.settings import get_settings
     from workers.celery_app import celery_app
+    from workers.gpus import detect_gpus
 
     _ensure_sqlite_dirs()
     settings = get_settings()
+    # One thread per job it can hold: a CPU slot each, or at least one GPU each.
+    concurrency = settings.worker_concurrency + len(detect_gpus(settings.worker_gpus))
     celery_app.worker_main([
-        "worker", "--pool=threads", f"--concurrency={settings.worker_concurrency}",
-        f"--queues={settings.queue}", f"--hostname={settings.worker_name}",
+        "worker", "--pool=threads", f"--concurrency={concurrency}",
+        f"--queues={settings.worker_queue}", f"--hostname={settings.worker_name}",
         "--without-gossip", "--without-mingle", "--loglevel=INFO",
     ])
 

@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
+    @property
+    def worker_queue(self) -> str:
+        """Each worker consumes its own queue: the scheduler routes a job to where it placed it."""
+        return f"{self.queue}.{self.worker_name}"
+
 
 @lru_cache
 def get_settings() -> Settings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,10 +49,11 @@ def configure(env: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+def pg_template() -> Iterator[str]:
+    """A database migrated once by Alembic; each test gets a copy (CREATE DATABASE ... TEMPLATE)."""
     from app.cli import migrate
 
-    name = f"specdeck_test_{uuid.uuid4().hex[:10]}"
+    name = f"specdeck_tpl_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
@@ -59,21 +61,42 @@ def pg_url() -> Iterator[str]:
     except sa.exc.OperationalError as exc:
         pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (run `make test`, which "
                     f"starts it): {exc}")
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    migrate(url)
-    yield url
+    migrate(PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
+    yield name
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    name = f"specdeck_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    from app.db import get_engine
+
+    get_engine().dispose()
     with admin.connect() as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
 
 
 @pytest.fixture(scope="session")
-def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from app.cli import migrate
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'specdeck.db'}"
-    migrate(url)
-    return url
+    path = tmp_path_factory.mktemp("sqlite") / "template.db"
+    migrate(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "specdeck.db"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(scope="session")
@@ -290,3 +313,13 @@ def job_body(stack: Stack) -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def pg_job_body(pg_stack: Stack) -> Callable[..., dict[str, Any]]:
     return _body_factory(pg_stack)
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demo verifier and its on-policy conversations, made once per session."""
+    from workers.runtimes.local.demo import create_demo_model, write_demo_data
+
+    base = tmp_path_factory.mktemp("demo")
+    model = create_demo_model(base / "demo")
+    return model, write_demo_data(model, base / "demo.jsonl")

@@ -45,10 +45,12 @@ class Lease:
 
 
 def claim(job_id: str, owner: str, lease_seconds: float) -> Lease | None:
-    """Take a queued job. None when it is not queued (a duplicate or stale message)."""
+    """Take a queued job placed on this worker. None when it is not (a duplicate or stale
+    message, or the job was re-placed elsewhere)."""
     with session_scope() as session:
         job = session.scalars(
-            select(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED.value)
+            select(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED.value,
+                              Job.worker_id == owner)
             .with_for_update(skip_locked=True)
         ).first()
         if job is None:

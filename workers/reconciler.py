@@ -1,5 +1,6 @@
-"""The periodic reconciler, run by every worker: re-kick lost messages, re-queue jobs whose
-worker died (lease expired), reap their orphaned processes, and heartbeat the worker."""
+"""The periodic reconciler, run by every worker: re-queue jobs whose worker died (lease
+expired) and reap their orphaned processes, schedule what waits, re-kick lost messages, and
+heartbeat the worker."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from app.db import session_scope
-from app.db.models import Job, utcnow
+from app.db.models import Job, Worker, utcnow
 from app.services import workers as registry
 from app.services.dispatch import kick
+from app.services.scheduling import schedule, unplace_from_dead_workers
 from app.services.state import LEASED, JobStatus, StaleJob, transition
 from app.settings import Settings
 from workers.supervisor import reap
@@ -49,7 +51,6 @@ def expire_leases(settings: Settings, host: str) -> int:
                 else:
                     transition(session, job, JobStatus.QUEUED, reason="re-queued after a worker was lost",
                                message=f"{lost}; lease expired, re-queued for attempt {job.attempt + 1}")
-                    kick(session, job)
                 handled += 1
             except StaleJob:
                 continue
@@ -57,17 +58,18 @@ def expire_leases(settings: Settings, host: str) -> int:
 
 
 def rekick_queued(settings: Settings) -> int:
-    """Queued jobs whose kick is older than ``rekick_after_seconds``: the message was lost."""
+    """Placed jobs still queued ``rekick_after_seconds`` after their kick: the message was lost."""
     cutoff = utcnow() - timedelta(seconds=settings.rekick_after_seconds)
     with session_scope() as session:
-        stale = session.scalars(
-            select(Job).where(Job.status == JobStatus.QUEUED.value,
-                              (Job.kicked_at.is_(None)) | (Job.kicked_at < cutoff))
-            .order_by(Job.id).limit(BATCH).with_for_update(skip_locked=True)
+        stale = session.execute(
+            select(Job, Worker.queue).join(Worker, Worker.id == Job.worker_id)
+            .where(Job.status == JobStatus.QUEUED.value,
+                   (Job.kicked_at.is_(None)) | (Job.kicked_at < cutoff))
+            .order_by(Job.id).limit(BATCH).with_for_update(of=Job, skip_locked=True)
         ).all()
-        for job in stale:
-            log.info("re-kicking %s (no worker took it)", job.id)
-            kick(session, job)
+        for job, queue in stale:
+            log.info("re-kicking %s on %s (its message was lost)", job.id, queue)
+            kick(session, job, queue=queue)
         return len(stale)
 
 
@@ -84,6 +86,9 @@ def reconcile_once(settings: Settings, worker_id: str, host: str) -> None:
     with session_scope() as session:
         registry.heartbeat(session, worker_id)
     expire_leases(settings, host)
+    with session_scope() as session:
+        unplace_from_dead_workers(session, settings)
+        schedule(session, settings)
     rekick_queued(settings)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from app.db import session_scope
-from app.services.dispatch import kick
+from app.services.scheduling import schedule
 from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
@@ -168,14 +168,14 @@ def load_pipeline(spec: str) -> list[PipelineStage]:
     return list(getattr(importlib.import_module(module), attr))
 
 
-def _finish(lease: Lease, to: JobStatus, **kwargs: Any) -> None:
+def _finish(lease: Lease, settings: Settings, to: JobStatus, **kwargs: Any) -> None:
     with session_scope() as session:
         job = lease.load(session)
         if job.status == JobStatus.CANCELLING:  # a cancel request wins over any other ending
             to, kwargs = JobStatus.CANCELLED, {"reason": "cancelled by user"}
         transition(session, job, to, token=lease.token, **kwargs)
-        if to == JobStatus.QUEUED:
-            kick(session, job)
+    with session_scope() as session:
+        schedule(session, settings)  # the GPUs it held are free: the oldest waiting job goes next
 
 
 def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
@@ -193,7 +193,7 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
         to, kwargs = outcome
         if to in TERMINAL:
             remove_hidden_states(ctx.paths)
-        _finish(lease, to, **kwargs)
+        _finish(lease, settings, to, **kwargs)
 
 
 def _run_stages(ctx: JobContext, settings: Settings) -> tuple[JobStatus, dict[str, Any]] | None:

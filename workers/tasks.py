@@ -40,7 +40,7 @@ def _on_worker_ready(**_: object) -> None:
     settings = get_settings()
     gpus = detect_gpus(settings.worker_gpus)
     with session_scope() as session:
-        registry.register(session, worker_id=settings.worker_name, host=HOST, queue=settings.queue,
+        registry.register(session, worker_id=settings.worker_name, host=HOST, queue=settings.worker_queue,
                           gpus=gpus, capacity=settings.worker_concurrency)
     reap_own_orphans(settings.worker_name, HOST)
     _reconciler = Reconciler(settings, settings.worker_name, HOST)

@@ -50,8 +50,8 @@ def get_job(job_id: str, key: CurrentKey, session: SessionDep) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)
-def cancel_job(job_id: str, key: CurrentKey, session: SessionDep) -> JobOut:
-    return service.job_out(service.cancel_job(session, key.project_id, job_id))
+def cancel_job(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep) -> JobOut:
+    return service.job_out(service.cancel_job(session, key.project_id, job_id, settings))
 
 
 @router.get("/{job_id}/events", response_model=Page[EventOut])

@@ -106,6 +106,9 @@ class Job(Base):
     pgids: Mapped[list[int] | None] = mapped_column(JSON)
     pgid_host: Mapped[str | None] = mapped_column(String(255))
     kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Where the scheduler placed the job: a worker and its GPU indices (or a CPU slot).
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    allocation: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
@@ -151,6 +154,21 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Allocation(Base):
+    """One GPU (or CPU slot) of a worker held by a job. The unique key is what guarantees that
+    two owners never share a GPU, whatever races the schedulers run into."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (UniqueConstraint("worker_id", "resource", "idx", name="uq_allocations_unit"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id", ondelete="CASCADE"))
+    resource: Mapped[str] = mapped_column(String(8))  # "gpu" or "slot"
+    idx: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -81,6 +81,8 @@ class JobOut(BaseModel):
     publish: str | None
     metadata: dict[str, str]
     attempt: int
+    worker: str | None
+    allocation: dict[str, list[int]] | None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

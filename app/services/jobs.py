@@ -14,7 +14,7 @@ from app.db.models import Checkpoint, Job, JobEvent, JobMetric
 from app.errors import APIError, not_found
 from app.schemas.jobs import JobCreate, JobOut
 from app.services import state
-from app.services.dispatch import kick
+from app.services.scheduling import schedule
 from app.services.paths import resolve_under
 from app.services.state import JobStatus
 from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
@@ -83,7 +83,7 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
         if existing is None:
             raise
         return _replay(existing, digest), False
-    kick(session, job)
+    schedule(session, settings)
     return job, True
 
 
@@ -117,7 +117,7 @@ def list_jobs(session: Session, project_id: str, *, limit: int, after: str | Non
     return rows[:limit], len(rows) > limit
 
 
-def cancel_job(session: Session, project_id: str, job_id: str) -> Job:
+def cancel_job(session: Session, project_id: str, job_id: str, settings: Settings) -> Job:
     """Queued jobs are cancelled at once; running ones move to ``cancelling`` and their worker
     stops the process group (SIGTERM, grace period, SIGKILL) on its next heartbeat."""
     job = get_job(session, project_id, job_id)
@@ -127,6 +127,7 @@ def cancel_job(session: Session, project_id: str, job_id: str) -> Job:
     if current == JobStatus.QUEUED:
         state.transition(session, job, JobStatus.CANCELLED, reason="cancelled by user",
                          message="cancelled before a worker claimed it")
+        schedule(session, settings)  # what it held is free for the next job
     elif current == JobStatus.RUNNING:
         state.transition(session, job, JobStatus.CANCELLING, reason="cancel requested by user")
     else:
@@ -162,13 +163,16 @@ def job_out(job: Job) -> JobOut:
         error_code=job.error_code, verifier=spec["verifier"], dataset=spec["dataset"],
         speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
         runtime=spec["runtime"], publish=spec.get("publish"), metadata=spec.get("metadata", {}),
-        attempt=job.attempt, created_at=job.created_at, updated_at=job.updated_at,
+        attempt=job.attempt, worker=job.worker_id, allocation=job.allocation,
+        created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
 
 
 def job_plan(job: Job, settings: Settings) -> dict[str, Any]:
-    plan = build_plan(job.spec, JobPaths.for_job(settings, job.id))
+    placed = job.allocation or {}
+    gpus = (placed["verifier"], placed["trainer"]) if "verifier" in placed else None
+    plan = build_plan(job.spec, JobPaths.for_job(settings, job.id), gpus=gpus)
     return {
         "job_id": job.id,
         "runtime": plan.runtime,

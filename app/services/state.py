@@ -9,11 +9,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db.models import Job, JobEvent, utcnow
+from app.db.models import Allocation, Job, JobEvent, utcnow
 
 
 class JobStatus(StrEnum):
@@ -47,8 +47,9 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.CANCELLED: frozenset(),
 }
 
-_LOCK_CLEARED = {"lock_owner": None, "lock_token": None, "lock_expires_at": None,
-                 "pgids": None, "pgid_host": None}
+# Leaving running (re-queued or finished) gives back the lease, the processes and the GPUs.
+_RELEASED = {"lock_owner": None, "lock_token": None, "lock_expires_at": None,
+             "pgids": None, "pgid_host": None, "worker_id": None, "allocation": None}
 _UNCHANGED: Any = object()
 
 
@@ -91,14 +92,17 @@ def transition(
         values["started_at"] = now
     if to in TERMINAL:
         values["finished_at"] = now
-    if to in TERMINAL or to == JobStatus.QUEUED:
-        values = {**_LOCK_CLEARED, **values}
+    releases = to in TERMINAL or to == JobStatus.QUEUED
+    if releases:
+        values = {**_RELEASED, **values}
 
     stmt = update(Job).where(Job.id == job.id, Job.status == current.value)
     if token is not None:
         stmt = stmt.where(Job.lock_token == token)
     if session.execute(stmt.values(**values)).rowcount != 1:
         raise StaleJob(f"job {job.id} changed (expected status {current})")
+    if releases:
+        session.execute(delete(Allocation).where(Allocation.job_id == job.id))
     for name, value in values.items():
         set_committed_value(job, name, value)
 

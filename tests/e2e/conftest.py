@@ -1,11 +1,10 @@
-"""End-to-end fixtures: the demo verifier and conversations (made once per session)."""
+"""End-to-end helpers."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 
-import pytest
 
 
 def free_port() -> int:
@@ -30,12 +29,3 @@ def job_processes(job_id: str) -> list[int]:
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
     return found
-
-
-@pytest.fixture(scope="session")
-def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from workers.runtimes.local.demo import create_demo_model, write_demo_data
-
-    base = tmp_path_factory.mktemp("demo")
-    model = create_demo_model(base / "demo")
-    return model, write_demo_data(model, base / "demo.jsonl")

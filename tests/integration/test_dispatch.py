@@ -63,8 +63,11 @@ def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
     pg_stack.start_worker(SPECDECK_WORKER_CONCURRENCY="2")
     job = pg_api.post("/api/jobs", json=pg_job_body(
         metadata={"test_seconds": "1.5", "test_pid_dir": str(tmp_path)})).json()
-    for _ in range(3):
-        send_run_job(job["id"], pg_stack.env["SPECDECK_QUEUE"])
+    queue = f"{pg_stack.env['SPECDECK_QUEUE']}.{job['worker']}"
+    other = next(w.name for w in pg_stack.workers if w.name != job["worker"])
+    for _ in range(2):
+        send_run_job(job["id"], queue)
+    send_run_job(job["id"], f"{pg_stack.env['SPECDECK_QUEUE']}.{other}")  # and to the wrong worker
     done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
     # Every one of the three duplicates was consumed, and each found the job taken.
     no_ops = f"job {job['id']} is not queued (duplicate or stale message): nothing to do"
@@ -136,13 +139,16 @@ def test_d_cancel_stops_the_process_group_within_ten_seconds(pg_api: Api, pg_job
 def test_lost_message_is_rekicked_by_the_reconciler(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
     from tests.conftest import configure
 
-    # The API sends to a queue no worker listens on: the message is lost.
-    configure({"SPECDECK_QUEUE": "nobody-listens-here"})
-    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.2"})).json()
-    configure({"SPECDECK_QUEUE": pg_stack.env["SPECDECK_QUEUE"]})
     pg_stack.start_worker()
+    # The broker is unreachable when the API sends the kick: the row is committed, the message
+    # is lost (and logged). The worker's reconciler sends it again.
+    configure({"SPECDECK_BROKER_URL": "redis://127.0.0.1:1/0"})
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.2"})).json()
+    configure({"SPECDECK_BROKER_URL": pg_stack.env["SPECDECK_BROKER_URL"]})
+    assert job["status"] == "queued" and job["worker"]
     done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
     assert done["attempt"] == 1
+    assert any(f"re-kicking {job['id']}" in w.log.read_text() for w in pg_stack.workers)
 
 
 def test_stage_failure_fails_the_job_with_the_log_tail(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:

@@ -16,7 +16,6 @@ from tests.local_runtime.procs import (
     run_logged,
     wait_until_ready,
 )
-from workers.runtimes.local.demo import create_demo_model, write_demo_data
 
 # The demo verifier has 8 layers: the trainer's default ids are [2, n // 2, n - 3] and
 # the server also gets n.
@@ -39,13 +38,13 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def demo_model(workspace: Path) -> Path:
-    return create_demo_model(workspace / "verifier", num_layers=NUM_LAYERS)
+def demo_model(demo_assets: tuple[Path, Path]) -> Path:
+    return demo_assets[0]
 
 
 @pytest.fixture(scope="session")
-def demo_data(demo_model: Path, workspace: Path) -> Path:
-    return write_demo_data(demo_model, workspace / "conversations.jsonl")
+def demo_data(demo_assets: tuple[Path, Path]) -> Path:
+    return demo_assets[1]
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,101 @@
+"""GPU scheduling with real worker processes that offer GPUs (SPECDECK_WORKER_GPUS) and run the
+test-only stage: exclusive allocations, FIFO waiting with a reason, release after a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import Api, Stack
+from tests.integration.test_dispatch import pid_files, ts, wait_for
+from workers.supervisor import group_alive
+
+
+def gpu_job(body, seconds: str, tp: int, trainer: int, pid_dir: Path | None = None) -> dict:
+    meta = {"test_seconds": seconds}
+    if pid_dir:
+        meta["test_pid_dir"] = str(pid_dir)
+    return body(runtime="vllm", metadata=meta,
+                resources={"verifier": {"tensor_parallel_size": tp}, "trainer_gpus": trainer})
+
+
+def running_window(api: Api, job_id: str) -> tuple:
+    events = [e for e in api.events(job_id) if e["kind"] == "status"]
+    start = next(ts(e["created_at"]) for e in events if e["status"] == "running")
+    end = next(ts(e["created_at"]) for e in events if e["status"] in ("succeeded", "failed"))
+    return start, end
+
+
+def allocations(stack: Stack) -> int:
+    return stack.scalar("SELECT count(*) FROM allocations")
+
+
+def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Api, pg_job_body,
+                                                                      pg_stack: Stack) -> None:
+    pg_stack.start_worker("gpu-box", SPECDECK_WORKER_GPUS="0,1,2,3")
+    first = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "2", tp=2, trainer=1)).json()
+    second = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "1", tp=2, trainer=1)).json()
+    assert first["worker"] == "gpu-box"
+    assert first["allocation"] == {"verifier": [0, 1], "trainer": [2]}
+    assert second["worker"] is None
+    assert second["status_reason"] == "waiting for 3 free GPUs on one worker (most free now: 1)"
+
+    plan = pg_api.get(f"/api/jobs/{first['id']}/plan").json()
+    assert plan["gpus"] == {"verifier": [0, 1], "trainer": [2]}
+
+    for job in (first, second):
+        assert pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=60)["status"] == "succeeded"
+    first_window, second_window = running_window(pg_api, first["id"]), running_window(pg_api, second["id"])
+    assert first_window[1] <= second_window[0], "the two jobs overlapped"
+    scheduled = [e for e in pg_api.events(second["id"]) if e["kind"] == "scheduled"]
+    assert scheduled and scheduled[0]["data"]["allocation"]["verifier"] == [0, 1]
+    assert allocations(pg_stack) == 0
+
+
+def test_a_job_that_fits_nowhere_shows_why_and_does_not_block_others(pg_api: Api, pg_job_body,
+                                                                     pg_stack: Stack) -> None:
+    pg_stack.start_worker("small-box", SPECDECK_WORKER_GPUS="0,1")
+    huge = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "1", tp=4, trainer=4)).json()
+    assert huge["status"] == "queued"
+    assert huge["status_reason"] == "waiting for 8 free GPUs on one worker: the largest worker online has 2"
+    small = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
+    assert pg_api.wait_status(small["id"], {"succeeded"}, timeout=60)
+    assert pg_api.job(huge["id"])["status"] == "queued"
+    # A CPU (local runtime) job is not held back by GPU jobs either.
+    cpu = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.2"})).json()
+    assert pg_api.wait_status(cpu["id"], {"succeeded"}, timeout=60)
+
+
+def test_no_gpu_worker_means_gpu_jobs_wait(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "1", tp=1, trainer=1)).json()
+    assert job["status_reason"] == "waiting for a worker to come online"
+    pg_stack.start_worker("cpu-only")
+    wait_for(lambda: pg_api.job(job["id"])["status_reason"] ==
+             "waiting for 2 free GPUs on one worker: the largest worker online has 0", 15, "reason")
+
+
+def test_allocations_are_freed_after_a_worker_crash(pg_api: Api, pg_job_body, pg_stack: Stack,
+                                                    tmp_path: Path) -> None:
+    first = pg_stack.start_worker("crashy", SPECDECK_WORKER_GPUS="0,1,2,3")
+    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "3", tp=2, trainer=2, pid_dir=tmp_path)).json()
+    waiting = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
+    _, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
+    assert allocations(pg_stack) == 4
+    first.kill()
+    pg_stack.start_worker("rescuer", SPECDECK_WORKER_GPUS="0,1,2,3")
+    for j in (job, waiting):
+        assert pg_api.wait_status(j["id"], {"succeeded", "failed"}, timeout=60)["status"] == "succeeded"
+    assert pg_api.job(job["id"])["attempt"] == 2
+    assert not group_alive(pgid)
+    assert allocations(pg_stack) == 0
+
+
+def test_cpu_capacity_is_the_number_of_concurrent_local_jobs(pg_api: Api, pg_job_body,
+                                                              pg_stack: Stack) -> None:
+    pg_stack.start_worker("laptop", SPECDECK_WORKER_CONCURRENCY="2")
+    jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "2"})).json()
+            for _ in range(3)]
+    assert [j["allocation"] for j in jobs[:2]] == [{"slot": [0]}, {"slot": [1]}]
+    assert jobs[2]["status_reason"] == "waiting for a free CPU slot on a worker (most free now: 0)"
+    for job in jobs:
+        assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
+    assert allocations(pg_stack) == 0
