@@ -152,15 +152,31 @@ class JobContext:
             self.finish(proc)
         self.check()
         if code != 0:
-            raise StageFailed(f"{command.description} exited with code {code}",
-                              code=classify_exit(code), log_tail=tail(self.paths.log))
+            log_tail = tail(self.paths.log)
+            kind, hint = classify_failure(code, log_tail)
+            raise StageFailed(f"{command.description} exited with code {code}{hint}",
+                              code=kind, log_tail=log_tail)
         return code
 
 
-def classify_exit(code: int) -> str:
+# (error code, what to tell the user, the log patterns that identify it), most specific first.
+FAILURES = [
+    ("cuda_oom", "the GPU ran out of memory: lower total_seq_len or max_anchors, or add GPUs",
+     ("CUDA out of memory", "torch.OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")),
+    ("data_error", "the dataset could not be read or prepared",
+     ("JSONDecodeError", "DatasetGenerationError", "No valid samples", "empty preprocessed dataset")),
+    ("bad_configuration", "the command line or configuration was rejected",
+     ("ValidationError", "Invalid value for", "No such option", "error: argument", "Usage:")),
+]
+
+
+def classify_failure(code: int, log_tail: str) -> tuple[str, str]:
     if code in (137, -9):
-        return "host_oom_killed"
-    return "process_failed"
+        return "host_oom_killed", " (killed: the host ran out of memory, or SIGKILL)"
+    for kind, hint, patterns in FAILURES:
+        if any(p in log_tail for p in patterns):
+            return kind, f": {hint}"
+    return "process_failed", ""
 
 
 def load_pipeline(spec: str) -> list[PipelineStage]:

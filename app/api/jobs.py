@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.db import get_sessionmaker
@@ -113,6 +113,14 @@ def list_checkpoints(job_id: str, key: CurrentKey, session: SessionDep) -> Page[
     checkpoints = service.list_checkpoints(session, job)
     return Page(data=[CheckpointOut.model_validate(c, from_attributes=True) for c in checkpoints],
                 has_more=False, last_id=checkpoints[-1].id if checkpoints else None)
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse)
+def get_logs(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep,
+             tail: Annotated[int, Query(ge=1, le=10_000)] = 200) -> PlainTextResponse:
+    """The last ``tail`` lines of the job's log (all its processes; secrets redacted)."""
+    job = service.get_job(session, key.project_id, job_id)
+    return PlainTextResponse(service.job_log_tail(job, settings, tail))
 
 
 @router.get("/{job_id}/plan", response_model=PlanOut)

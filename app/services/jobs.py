@@ -20,6 +20,7 @@ from app.services.state import JobStatus
 from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
 from workers.runtimes import JobPaths, build_plan
+from workers.supervisor import tail
 
 
 def request_hash(body: JobCreate) -> str:
@@ -167,6 +168,10 @@ def job_out(job: Job) -> JobOut:
         created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
+
+
+def job_log_tail(job: Job, settings: Settings, lines: int) -> str:
+    return tail(JobPaths.for_job(settings, job.id).log, lines)
 
 
 def job_plan(job: Job, settings: Settings) -> dict[str, Any]:

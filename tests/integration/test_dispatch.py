@@ -155,10 +155,14 @@ def test_stage_failure_fails_the_job_with_the_log_tail(pg_api: Api, pg_job_body,
     pg_stack.start_worker()
     job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "not-a-number"})).json()
     failed = pg_api.wait_status(job["id"], {"failed"}, timeout=30)
-    assert failed["error_code"] == "process_failed"
-    assert "test child exited with code 2" in failed["status_reason"]
+    assert failed["error_code"] == "bad_configuration"
+    assert failed["status_reason"] == ("test child exited with code 2: the command line or "
+                                       "configuration was rejected")
     final = pg_api.events(job["id"])[-1]
     assert "invalid float value" in final["data"]["log_tail"]
+    logs = pg_api.get(f"/api/jobs/{job['id']}/logs", params={"tail": 3})
+    assert logs.status_code == 200 and logs.headers["content-type"].startswith("text/plain")
+    assert "invalid float value" in logs.text and len(logs.text.splitlines()) <= 3
 
 
 def test_workers_are_listed_with_heartbeats(pg_api: Api, pg_stack: Stack) -> None:

@@ -128,3 +128,17 @@ def test_local_runtime_uses_the_cpu_launcher_and_own_server() -> None:
     assert flag(trainer, "--draft-attn-impl") == "sdpa"
     assert flag(trainer, "--loss-implementation") == "eager"
     assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in plan.stages)
+
+
+@pytest.mark.parametrize("code, log, kind", [
+    (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda_oom"),
+    (-9, "step 12", "host_oom_killed"),
+    (137, "", "host_oom_killed"),
+    (1, "json.decoder.JSONDecodeError: Expecting value: line 1 column 1", "data_error"),
+    (2, "pydantic_core._pydantic_core.ValidationError: 1 validation error for TrainConfig", "bad_configuration"),
+    (1, "RuntimeError: something else", "process_failed"),
+])
+def test_failures_are_classified_from_the_exit_code_and_log(code: int, log: str, kind: str) -> None:
+    from workers.runner import classify_failure
+
+    assert classify_failure(code, log)[0] == kind
