@@ -80,6 +80,16 @@ def cmd_keys_create(args: argparse.Namespace) -> None:
     print(plaintext)
 
 
+def cmd_secrets_rotate(args: argparse.Namespace) -> None:
+    from app.db import session_scope
+    from app.services.secrets import rotate
+    from app.settings import get_settings
+
+    with session_scope() as session:
+        count = rotate(session, get_settings())
+    print(f"re-encrypted {count} secret(s) under the current SPECDECK_SECRET_KEY")
+
+
 def cmd_demo_model(args: argparse.Namespace) -> None:
     from workers.runtimes.local.demo import create_demo_model
 
@@ -172,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--project", default="default")
     create.add_argument("--name", default="")
     create.set_defaults(func=cmd_keys_create)
+
+    secrets = sub.add_parser("secrets", help="project secrets")
+    secrets_sub = secrets.add_subparsers(dest="secrets_command", required=True)
+    secrets_sub.add_parser("rotate", help="re-encrypt every secret under SPECDECK_SECRET_KEY "
+                           "(old keys in SPECDECK_SECRET_KEY_PREVIOUS)").set_defaults(func=cmd_secrets_rotate)
 
     run = sub.add_parser("run", help="migrate, then run the API and a worker (development)")
     run.add_argument("--host", default="127.0.0.1")

@@ -155,6 +155,11 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Set by a publish to the Hugging Face Hub.
+    hub_repo: Mapped[str | None] = mapped_column(String(200))
+    hub_commit: Mapped[str | None] = mapped_column(String(64))
+    hub_url: Mapped[str | None] = mapped_column(Text)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Allocation(Base):
@@ -170,6 +175,20 @@ class Allocation(Base):
     idx: Mapped[int] = mapped_column(Integer)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Secret(Base):
+    """A project secret, Fernet-encrypted with a key from settings (app/services/secrets.py)."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (UniqueConstraint("project_id", "name", name="uq_secrets_project_name"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Worker(Base):
