@@ -136,12 +136,20 @@ class JobContext:
         self.event("process", f"starting: {command.description}",
                    {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
         proc = ManagedProcess(command.argv, env=command.env, log_path=log_path or self.paths.log,
-                              job_id=self.job_id, secrets=self.secrets, on_line=on_line)
+                              job_id=self.job_id, secrets=self.secrets, on_line=on_line,
+                              description=command.description)
         self._track(proc.pgid, add=True)
         return proc
 
     def finish(self, proc: ManagedProcess) -> None:
-        self._track(proc.pgid, add=False)
+        """Bookkeeping once ``proc`` has exited: forget its group, record how it ended."""
+        try:
+            self._track(proc.pgid, add=False)
+            self.event("process", f"{proc.description} exited with code {proc.poll()} after "
+                       f"{proc.seconds:.1f} s", {"exit_code": proc.poll(), "seconds": round(proc.seconds, 3)})
+        except LeaseLost:
+            log.warning("job %s: lease lost; %s stopped without bookkeeping", self.job_id,
+                        proc.description)
 
     def run(self, command: StageCommand, on_line: Callable[[str], None] | None = None) -> int:
         """Run to completion; stops the group on cancel, takeover or shutdown, then raises."""

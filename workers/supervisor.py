@@ -46,10 +46,13 @@ class ManagedProcess:
 
     def __init__(self, argv: list[str], *, env: dict[str, str], log_path: Path, job_id: str,
                  secrets: Iterable[str] = (), on_line: Callable[[str], None] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, description: str = "process") -> None:
         full_env = {**os.environ, **env, JOB_ENV: job_id}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.argv = argv
+        self.description = description
+        self._started = time.monotonic()
+        self._ended: float | None = None
         self.secrets = [s for s in secrets if s]
         self.on_line = on_line
         self.log_path = log_path
@@ -75,13 +78,22 @@ class ManagedProcess:
                         self.line_error = exc
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        code = self.proc.poll()
+        if code is not None and self._ended is None:
+            self._ended = time.monotonic()
+        return code
+
+    @property
+    def seconds(self) -> float:
+        """How long it ran (so far, if it still runs)."""
+        return (self._ended or time.monotonic()) - self._started
 
     def wait(self, should_stop: Callable[[], bool], *, grace: float, tick: float = 0.2) -> int:
         """Wait for exit; when ``should_stop()`` turns true, stop the group and return."""
         while True:
             try:
                 code = self.proc.wait(timeout=tick)
+                self.poll()
                 break
             except subprocess.TimeoutExpired:
                 if should_stop():
@@ -103,6 +115,7 @@ class ManagedProcess:
             time.sleep(0.05)
         _signal_group(self.pgid, signal.SIGKILL)
         code = self.proc.wait()
+        self.poll()
         self._reader.join(timeout=10)
         return code
 
