@@ -19,17 +19,20 @@ class BodyTooLarge(Exception):
 
 
 class BodySizeLimit:
-    """Answer 413 in the error shape for a body over ``max_bytes`` (declared or streamed)."""
+    """Answer 413 in the error shape for a body over the limit (declared or streamed):
+    ``max_bytes``, or ``overrides[path]`` for those exact paths (uploads)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 overrides: dict[str, int] | None = None) -> None:
+        self.app, self.max_bytes, self.overrides = app, max_bytes, overrides or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.overrides.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._reject(send, limit)
         seen = 0
         started = False
 
@@ -38,7 +41,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise BodyTooLarge
             return message
 
@@ -51,10 +54,10 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self._reject(send)
+                await self._reject(send, limit)
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(error_body(413, f"Request body is larger than {self.max_bytes} bytes",
+    async def _reject(self, send: Send, limit: int) -> None:
+        body = json.dumps(error_body(413, f"Request body is larger than {limit} bytes",
                                      code="request_too_large")).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
 
     # HTTP limits.
     max_body_bytes: int = 1_048_576
+    # POST /api/datasets: the uploaded JSONL file, and each of its lines.
+    max_dataset_bytes: int = 268_435_456
+    max_dataset_line_bytes: int = 1_048_576
 
     # Celery queue that kicks go to, and the worker's identity.
     queue: str = "specdeck"

@@ -27,7 +27,9 @@ def get_db() -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_db)]
+# scope="function": commit before the response is sent (the default "request" scope runs the
+# cleanup afterwards, so a client could get 201 for a row that never committed).
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 

@@ -201,3 +201,28 @@ class Worker(Base):
     capacity: Mapped[int] = mapped_column(Integer, default=1)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Dataset(Base):
+    """Chat data a job trains on: an uploaded JSONL file (stored once per content under
+    ``<data_root>/datasets/<sha256>.jsonl``) or a public preset that speculators resolves."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (
+        UniqueConstraint("project_id", "sha256", name="uq_datasets_project_sha256"),
+        UniqueConstraint("project_id", "public_name", name="uq_datasets_project_public_name"),
+        Index("ix_datasets_project_id_id", "project_id", "id"),
+        Index("ix_datasets_sha256", "sha256"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ds"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))  # "upload" or "public"
+    format: Mapped[str | None] = mapped_column(String(16))  # "messages" or "conversations"
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    path: Mapped[str | None] = mapped_column(Text)
+    public_name: Mapped[str | None] = mapped_column(String(64))
+    num_conversations: Mapped[int | None] = mapped_column(Integer)
+    num_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -15,7 +15,7 @@ from app.errors import APIError, not_found
 from app.schemas.jobs import JobCreate, JobOut
 from app.services import state
 from app.services.scheduling import schedule
-from app.services.paths import resolve_under
+from app.services.datasets import resolve_for_job
 from app.services.state import JobStatus
 from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
@@ -28,7 +28,8 @@ def request_hash(body: JobCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def resolve_spec(body: JobCreate, settings: Settings) -> dict[str, Any]:
+def resolve_spec(session: Session, project_id: str, body: JobCreate,
+                 settings: Settings) -> dict[str, Any]:
     """Everything the worker needs, resolved once at creation and recorded in the job."""
     verifier = resolve_verifier(body.verifier, settings=settings)
     speculator = body.speculator.model_dump()
@@ -44,15 +45,19 @@ def resolve_spec(body: JobCreate, settings: Settings) -> dict[str, Any]:
     else:
         check_layer_ids(body.speculator.target_layer_ids, verifier.num_hidden_layers,
                         param="speculator.target_layer_ids")
-    dataset_path = resolve_under(settings.data_root, body.dataset, param="dataset", what="data")
-    if not dataset_path.is_file():
-        raise APIError(422, f"dataset '{body.dataset}' not found under the data root",
-                       code="dataset_not_found", param="dataset")
+    dataset = resolve_for_job(session, project_id, body.dataset, settings)
+    if dataset["dataset_kind"] == "public":
+        # speculators 0.9.0's prepare-data takes conversations only; a raw preset first needs
+        # `speculators regenerate-responses` against a generating server (not wired yet).
+        raise APIError(422, f"dataset {body.dataset} is the public preset "
+                       f"'{dataset['dataset_path']}', which cannot be trained on directly yet; "
+                       "upload its conversations as JSONL", code="dataset_not_trainable",
+                       param="dataset")
     spec = body.model_dump(mode="json")
     spec.update(
+        **dataset,
         speculator=speculator,
         runtime=body.runtime or settings.default_runtime,
-        dataset_path=str(dataset_path),
         verifier_info={
             "reference": verifier.reference,
             "source": verifier.source,
@@ -73,7 +78,7 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
         existing = _by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest), False
-    job = Job(project_id=project_id, spec=resolve_spec(body, settings),
+    job = Job(project_id=project_id, spec=resolve_spec(session, project_id, body, settings),
               idempotency_key=idempotency_key, request_hash=digest)
     try:
         with session.begin_nested():

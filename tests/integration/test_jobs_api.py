@@ -228,3 +228,65 @@ def test_service_endpoints(api: Api) -> None:
 
 def test_unknown_route_uses_the_error_shape(api: Api) -> None:
     assert_error(api.get("/api/nope"), 404, "not_found")
+
+
+def test_a_201_means_committed(api: Api, job_body, stack: Stack) -> None:
+    """The request's commit happens before the response is sent. Over real HTTP, with commits
+    made slow, a GET right after the 201 must find the job (a commit that ran after the
+    response would still be sleeping, and the GET would answer 404)."""
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from app.main import create_app
+    from tests.e2e.conftest import free_port
+
+    def slow_commit(session: Session) -> None:
+        time.sleep(0.4)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=api.headers(), timeout=10) as client:
+            deadline = time.monotonic() + 10
+            while not server.started and time.monotonic() < deadline:
+                time.sleep(0.05)
+            event.listen(Session, "before_commit", slow_commit)
+            try:
+                created = client.post("/api/jobs", json=job_body())
+                assert created.status_code == 201, created.text
+                fetched = client.get(f"/api/jobs/{created.json()['id']}")
+            finally:
+                event.remove(Session, "before_commit", slow_commit)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert fetched.status_code == 200, fetched.text
+
+
+def test_jobs_reference_datasets_by_id(api: Api, job_body, stack: Stack, make_api) -> None:
+    upload = api.post("/api/datasets", files={"file": ("chat.jsonl", (stack.data_root / "chat.jsonl").read_bytes())})
+    assert upload.status_code == 201, upload.text
+    dataset_id = upload.json()["id"]
+    job = api.post("/api/jobs", json=job_body(dataset=dataset_id))
+    assert job.status_code == 201, job.text
+    assert job.json()["dataset"] == dataset_id
+    plan = api.get(f"/api/jobs/{job.json()['id']}/plan").json()
+    prep = next(s for s in plan["stages"] if s["stage"] == "preparing_data")["argv"]
+    # An OpenAI `messages` file reaches prepare-data as a `conversations` copy.
+    assert prep[prep.index("--data") + 1].endswith(f"{job.json()['id']}/conversations.jsonl")
+    assert_error(api.delete(f"/api/datasets/{dataset_id}"), 409, "dataset_in_use")
+    # Another project cannot train on it.
+    before = count_jobs(stack)
+    assert_error(make_api(api).post("/api/jobs", json=job_body(dataset=dataset_id)), 422,
+                 "dataset_not_found", "dataset")
+    public = api.post("/api/datasets", json={"public": "ultrachat"}).json()["id"]
+    assert_error(api.post("/api/jobs", json=job_body(dataset=public)), 422,
+                 "dataset_not_trainable", "dataset")
+    assert count_jobs(stack) == before

@@ -75,11 +75,19 @@ def default_gpus(spec: dict[str, Any]) -> tuple[list[int], list[int]]:
     return list(range(n_verifier)), list(range(n_verifier, n_verifier + res["trainer_gpus"]))
 
 
+def training_data(spec: dict[str, Any], paths: JobPaths) -> str:
+    """The JSONL prepare-data reads. speculators 0.9.0 reads only a ``conversations`` column, so
+    an OpenAI ``messages`` file is handed over through a copy with the key renamed."""
+    if spec.get("dataset_format") == "messages":
+        return str(paths.root / "conversations.jsonl")
+    return spec["dataset_path"]
+
+
 def prepare_data_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[str]:
     return [
         sys.executable, "-m", "speculators", "prepare-data",
         "--model", spec["verifier_info"]["reference"],
-        "--data", spec["dataset_path"],
+        "--data", training_data(spec, paths),
         "--output", str(paths.data),
         "--seq-length", str(spec["speculator"]["total_seq_len"]),
         "--render-endpoint", endpoint,

@@ -1,0 +1,127 @@
+"""/api/datasets: thin routes over app.services.datasets.
+
+``POST /api/datasets`` takes either ``multipart/form-data`` (a JSONL ``file`` and an optional
+``name``) or ``application/json`` (``{"public": "sharegpt", "name": ...}``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.errors import APIError
+from app.schemas.common import Page
+from app.schemas.datasets import NAME_MAX, PUBLIC_DATASETS, DatasetOut, PublicDatasetCreate
+from app.services import datasets as service
+
+router = APIRouter(prefix="/api/datasets", tags=["datasets"])
+
+DATASET_ID = service.DATASET_ID.pattern
+Limit = Annotated[int, Query(ge=1, le=100)]
+JSON_BODY_MAX = 64 * 1024
+
+_REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary",
+                                "description": "JSONL: one {\"messages\": [...]} (OpenAI) or "
+                                               "{\"conversations\": [...]} (ShareGPT) per line"},
+                       "name": {"type": "string", "maxLength": NAME_MAX}}}},
+    "application/json": {"schema": {
+        "type": "object", "required": ["public"], "additionalProperties": False,
+        "properties": {"public": {"type": "string", "enum": list(PUBLIC_DATASETS)},
+                       "name": {"type": "string", "maxLength": NAME_MAX}}}},
+}}}
+
+
+@router.post("", status_code=201, response_model=DatasetOut, openapi_extra=_REQUEST_BODY)
+async def create_dataset(request: Request, key: CurrentKey, session: SessionDep,
+                         settings: SettingsDep, response: Response) -> Any:
+    """Upload a JSONL file (validated line by line; the same content again returns the same
+    dataset with 200), or register a public dataset by name."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "multipart/form-data":
+        async with request.form(max_files=1, max_fields=2) as form:
+            upload, name = _upload_fields(form.multi_items())
+            try:
+                dataset, created = await run_in_threadpool(
+                    service.create_upload, session, key.project_id, upload.file,
+                    filename=upload.filename, name=name, settings=settings)
+            except service.InvalidDataset as exc:
+                return exc.response()
+    elif content_type == "application/json" or content_type.endswith("+json"):
+        body = _public_body(await _read_capped(request, JSON_BODY_MAX))
+        dataset, created = await run_in_threadpool(
+            service.create_public, session, key.project_id, body.public, body.name)
+    else:
+        raise APIError(415, "send multipart/form-data with a 'file' field, or application/json "
+                       "with 'public'", code="unsupported_media_type")
+    if not created:
+        response.status_code = 200
+    return service.dataset_out(dataset)
+
+
+@router.get("", response_model=Page[DatasetOut])
+def list_datasets(key: CurrentKey, session: SessionDep, limit: Limit = 20,
+                  after: Annotated[str | None, Query(pattern=DATASET_ID)] = None,
+                  ) -> Page[DatasetOut]:
+    rows, has_more = service.list_datasets(session, key.project_id, limit=limit, after=after)
+    return Page(data=[service.dataset_out(d) for d in rows], has_more=has_more,
+                last_id=rows[-1].id if rows else None)
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, key: CurrentKey, session: SessionDep) -> DatasetOut:
+    return service.dataset_out(service.get_dataset(session, key.project_id, dataset_id))
+
+
+@router.delete("/{dataset_id}", status_code=204, response_class=Response)
+def delete_dataset(dataset_id: str, key: CurrentKey, session: SessionDep) -> Response:
+    service.delete_dataset(session, key.project_id, dataset_id)
+    return Response(status_code=204)
+
+
+def _upload_fields(items: list[tuple[str, UploadFile | str]]) -> tuple[UploadFile, str | None]:
+    upload: UploadFile | None = None
+    name: str | None = None
+    for field, value in items:
+        if field == "file":
+            if not isinstance(value, UploadFile):
+                raise APIError(422, "file must be a file upload", code="invalid_value",
+                               param="file")
+            upload = value
+        elif field == "name":
+            if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX:
+                raise APIError(422, f"name must be 1-{NAME_MAX} characters", code="invalid_value",
+                               param="name")
+            name = value
+        else:
+            raise APIError(422, f"Unknown field '{field}'", code="unknown_field", param=field)
+    if upload is None:
+        raise APIError(422, "Missing required field 'file'", code="missing_field", param="file")
+    return upload, name
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"Request body is larger than {limit} bytes",
+                           code="request_too_large")
+    return bytes(body)
+
+
+def _public_body(raw: bytes) -> PublicDatasetCreate:
+    try:
+        return PublicDatasetCreate.model_validate_json(raw)
+    except ValidationError as exc:
+        # The app's validation handler turns this into the one error shape.
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) from exc

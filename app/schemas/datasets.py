@@ -1,0 +1,47 @@
+"""Request and response models for /api/datasets."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The presets of speculators 0.9.0's dataset registry
+# (speculators.data_generation.configs.DATASET_CONFIGS) that `speculators regenerate-responses
+# --dataset NAME` accepts (its REGEN_DATASETS). "sharegpt4v_coco" is left out: it is multimodal
+# and needs the COCO images on the host. Kept literal here because the API host does not
+# necessarily have speculators installed; tests/integration/test_datasets_api.py checks the
+# list against the installed package.
+PublicName = Literal["sharegpt", "ultrachat", "gsm8k", "magpie", "nemotron", "open-perfectblend",
+                     "hermes-fc"]
+PUBLIC_DATASETS: tuple[str, ...] = get_args(PublicName)
+
+DatasetFormat = Literal["messages", "conversations"]
+DatasetKind = Literal["upload", "public"]
+
+NAME_MAX = 255
+
+
+class PublicDatasetCreate(BaseModel):
+    """``POST /api/datasets`` with ``Content-Type: application/json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    public: PublicName
+    name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
+
+
+class DatasetOut(BaseModel):
+    object: Literal["specdeck.dataset"] = "specdeck.dataset"
+    id: str
+    name: str
+    kind: DatasetKind
+    # Uploads: the chat format, content hash, size and number of conversations.
+    format: DatasetFormat | None
+    sha256: str | None
+    num_conversations: int | None
+    num_bytes: int | None
+    # Public datasets: the speculators preset name.
+    public_name: str | None
+    created_at: datetime
