@@ -21,10 +21,14 @@ from workers.pipeline.trainer_output import (
 from workers.runner import JobContext
 
 
+def saved_epochs(save_path: Path) -> list[int]:
+    return sorted(int(p.name) for p in save_path.glob("[0-9]*")
+                  if p.name.isdigit() and (p / "config.json").is_file())
+
+
 def latest_epoch(save_path: Path) -> int | None:
-    epochs = [int(p.name) for p in save_path.glob("[0-9]*") if p.name.isdigit()
-              and (p / "config.json").is_file()]
-    return max(epochs) if epochs else None
+    epochs = saved_epochs(save_path)
+    return epochs[-1] if epochs else None
 
 
 def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str,
@@ -37,6 +41,10 @@ def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str,
     metrics_file = Path(path) / "val_metrics.json"
     if metrics_file.is_file():
         row.metrics = json.loads(metrics_file.read_text())
+    else:  # the trainer writes val_metrics.json only into a checkpoint that became the best
+        logged = session.execute(select(JobMetric.name, JobMetric.value).where(
+            JobMetric.job_id == job_id, JobMetric.epoch == epoch, JobMetric.name.like("val/%")))
+        row.metrics = {name.removeprefix("val/"): value for name, value in logged} or None
     if best:
         session.execute(update(Checkpoint).where(Checkpoint.job_id == job_id).values(is_best=False))
         row.is_best = True
@@ -80,14 +88,33 @@ class ProgressRecorder:
                 ctx.event("interrupted", f"trainer received {sig}; saving before it exits")
 
 
+def sync_checkpoints(ctx: JobContext) -> None:
+    """Record every epoch checkpoint in the save path, with its validation metrics, and the one
+    ``checkpoint_best`` points to. The trainer writes val_metrics.json after it logs the save,
+    so the rows made from the log lines are completed here."""
+    save_path = ctx.paths.checkpoints
+    best_link = save_path / "checkpoint_best"
+    best = int(best_link.resolve().name) if best_link.is_symlink() else None
+    epochs = saved_epochs(save_path)
+
+    def write(session: Session) -> None:
+        for epoch in epochs:
+            upsert_checkpoint(session, ctx.job_id, epoch, str(save_path / str(epoch)),
+                              best=epoch == best)
+
+    ctx.write(write)
+
+
 def train(ctx: JobContext) -> None:
     assert ctx.plan is not None, "the verifier stage sets the plan"
     epochs = ctx.spec["speculator"]["epochs"]
     done = latest_epoch(ctx.paths.checkpoints)
     if done is not None and done >= epochs - 1:
         ctx.event("skipped", f"all {epochs} epochs already trained; reusing the checkpoints")
+        sync_checkpoints(ctx)
         return
     if done is not None:
         ctx.event("resuming", f"found the epoch {done} checkpoint; the trainer resumes after it",
                   {"epoch": done})
     ctx.run(ctx.plan.stage("training"), on_line=ProgressRecorder(ctx))
+    sync_checkpoints(ctx)

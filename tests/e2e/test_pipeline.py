@@ -1,0 +1,140 @@
+"""The whole pipeline for real on the CPU (local runtime): REST API -> a real worker process ->
+the local hidden-states server -> speculators prepare-data -> the speculators trainer.
+Then the faults: a killed worker (resume), a killed server, and a cancel during training."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Api, Stack
+from tests.e2e.conftest import job_processes
+from tests.integration.test_dispatch import wait_for
+
+pytestmark = pytest.mark.slow
+
+REAL_PIPELINE = {"SPECDECK_PIPELINE": "workers.pipeline:PIPELINE",
+                 # the verifier server and trainer take seconds to start on 2 cores
+                 "SPECDECK_LEASE_SECONDS": "15", "SPECDECK_HEARTBEAT_SECONDS": "1"}
+# CPU-sized DFlash settings (dflash-facts.md section 3).
+CPU_SPECULATOR = {"block_size": 8, "max_anchors": 32, "total_seq_len": 512}
+
+
+@pytest.fixture
+def demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
+    """The demo verifier under the models root and the demo conversations uploaded."""
+    model, data = demo_assets
+    shutil.copytree(model, pg_stack.models_root / "demo", dirs_exist_ok=True)
+    with data.open("rb") as f:
+        created = pg_api.post("/api/datasets", files={"file": ("demo.jsonl", f, "application/jsonl")},
+                              data={"name": "demo"})
+    assert created.status_code in (200, 201), created.text
+    return {"verifier": "demo", "dataset": created.json()["id"]}
+
+
+def submit(api: Api, demo: dict[str, str], epochs: int) -> dict:
+    body = {**demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": epochs}}
+    response = api.post("/api/jobs", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def event_seen(api: Api, job_id: str, kind: str, text: str = "") -> bool:
+    return any(e["kind"] == kind and text in e["message"] for e in api.events(job_id))
+
+
+def hidden_state_files(stack: Stack, job_id: str) -> list[Path]:
+    work = Path(stack.env["SPECDECK_WORK_ROOT"]) / job_id
+    return [p for p in work.rglob("*.safetensors") if "hidden_states" in p.parts]
+
+
+def test_demo_job_trains_a_dflash_drafter(pg_api: Api, pg_stack: Stack, demo) -> None:
+    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
+    job = submit(pg_api, demo, epochs=2)
+    done = pg_api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=600)
+    assert done["status"] == "succeeded", (done, pg_api.get(f"/api/jobs/{job['id']}/logs").text)
+    layer_ids = done["speculator"]["target_layer_ids"]
+    assert layer_ids == [2, 4, 5]
+
+    checkpoints = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+    assert [c["epoch"] for c in checkpoints] == [0, 1]
+    assert sum(c["is_best"] for c in checkpoints) == 1
+    for checkpoint in checkpoints:
+        config = json.loads((Path(checkpoint["path"]) / "config.json").read_text())
+        assert config["speculators_model_type"] == "dflash"
+        assert config["aux_hidden_state_layer_ids"] == layer_ids
+        assert (Path(checkpoint["path"]) / "model.safetensors").is_file()
+        assert checkpoint["metrics"]["eal_epoch"] > 1
+
+    metrics = pg_api.get(f"/api/jobs/{job['id']}/metrics").json()["data"]
+    train_loss = [m for m in metrics if m["name"] == "train/loss"]
+    assert len(train_loss) >= 10 and len({m["step"] for m in train_loss}) == len(train_loss)
+    val_eal = sorted((m["epoch"], m["value"]) for m in metrics if m["name"] == "val/eal_epoch")
+    assert [epoch for epoch, _ in val_eal] == [0, 1]
+
+    stages = [e["stage"] for e in pg_api.events(job["id"]) if e["kind"] == "status" and e["stage"]]
+    assert stages == ["starting_verifier", "preparing_data", "training"]
+    assert hidden_state_files(pg_stack, job["id"]) == []
+    assert not (Path(pg_stack.env["SPECDECK_WORK_ROOT"]) / job["id"] / "hidden_states").exists()
+    assert job_processes(job["id"]) == []
+    log = pg_api.get(f"/api/jobs/{job['id']}/logs", params={"tail": 5000}).text
+    assert "Checkpoint saved to" in log
+
+
+def test_killed_worker_resumes_from_the_epoch_checkpoint(pg_api: Api, pg_stack: Stack, demo) -> None:
+    first = pg_stack.start_worker("doomed", **REAL_PIPELINE)
+    job = submit(pg_api, demo, epochs=2)
+    wait_for(lambda: event_seen(pg_api, job["id"], "checkpoint", "epoch 0 saved"), 400,
+             "the first epoch's checkpoint")
+    first.kill()
+    pg_stack.start_worker("rescuer", **REAL_PIPELINE)
+    done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=600)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] == 2
+    messages = [e["message"] for e in pg_api.events(job["id"])]
+    assert "claimed by doomed (attempt 1)" in messages and "claimed by rescuer (attempt 2)" in messages
+    assert any("found the epoch 0 checkpoint" in m for m in messages), messages
+    assert any(m.startswith("training resumed from the epoch 0 checkpoint") for m in messages), messages
+    assert job_processes(job["id"]) == []
+    assert hidden_state_files(pg_stack, job["id"]) == []
+
+
+def server_pids(job_id: str) -> list[int]:
+    return [pid for pid in job_processes(job_id)
+            if b"hidden_states_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api, pg_stack: Stack,
+                                                                     demo) -> None:
+    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
+    job = submit(pg_api, demo, epochs=3)
+    wait_for(lambda: event_seen(pg_api, job["id"], "epoch", "started"), 400, "training to start")
+    [pid] = server_pids(job["id"])
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    failed = pg_api.wait_status(job["id"], {"failed", "succeeded"}, timeout=60)
+    assert failed["status"] == "failed"
+    assert failed["error_code"] == "verifier_server_died"
+    assert failed["status_reason"].startswith("verifier server died")
+    final = pg_api.events(job["id"])[-1]
+    assert "specdeck.hidden_states_server" in final["data"]["log_tail"]  # the server's own log
+    wait_for(lambda: job_processes(job["id"]) == [], 15, "the trainer to be stopped")
+    assert hidden_state_files(pg_stack, job["id"]) == []
+
+
+def test_cancel_during_training(pg_api: Api, pg_stack: Stack, demo) -> None:
+    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
+    job = submit(pg_api, demo, epochs=3)
+    wait_for(lambda: event_seen(pg_api, job["id"], "epoch", "started"), 400, "training to start")
+    assert job_processes(job["id"])
+    pg_api.post(f"/api/jobs/{job['id']}/cancel")
+    start = time.monotonic()
+    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=10)
+    assert done["status"] == "cancelled"
+    wait_for(lambda: job_processes(job["id"]) == [], 10 - (time.monotonic() - start), "processes to go")
+    assert hidden_state_files(pg_stack, job["id"]) == []
