@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,9 @@ API_COMMAND = ["specdeck", "api"]
 WORKER_COMMAND = ["specdeck", "worker"]
 MIGRATE_COMMAND = ["specdeck", "db", "upgrade"]
 DEMO_MODEL, DEMO_DATA = "demo", "demo.jsonl"
+# The job the README shows: the demo verifier on the CPU, sized for a laptop (dflash-facts.md §3).
+DEMO_JOB = {"verifier": DEMO_MODEL, "dataset": "<demo dataset id>", "runtime": "local",
+            "speculator": {"block_size": 8, "max_anchors": 32, "total_seq_len": 512, "epochs": 2}}
 
 
 def migrate(database_url: str | None = None) -> None:
@@ -102,6 +106,19 @@ def cmd_demo_data(args: argparse.Namespace) -> None:
     print(write_demo_data(args.model, args.output, num_conversations=args.conversations))
 
 
+def register_demo(project_id: str) -> str:
+    """The demo verifier and conversations, the latter uploaded as the project's dataset."""
+    from app.db import session_scope
+    from app.services.datasets import create_upload
+    from app.settings import get_settings
+
+    _, data = ensure_demo()
+    with session_scope() as session, (get_settings().data_root / data).open("rb") as stream:
+        dataset, _ = create_upload(session, project_id, stream, filename=data, name="demo",
+                                   settings=get_settings())
+        return dataset.id
+
+
 def ensure_demo() -> tuple[str, str]:
     """The demo verifier and conversations under the models and data roots (made once)."""
     from app.settings import get_settings
@@ -125,18 +142,22 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     _ensure_sqlite_dirs()
     migrate()
-    if not args.no_demo:
-        ensure_demo()
     with session_scope() as session:
-        key = create_key(session, args.project, "make run").plaintext
+        new = create_key(session, args.project, "make run")
+        key, project_id = new.plaintext, new.key.project_id
+    dataset_id = None if args.no_demo else register_demo(project_id)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     exe = str(Path(sys.executable).parent / "specdeck")
     api = subprocess.Popen([exe, *API_COMMAND[1:], "--host", args.host, "--port", str(args.port)], env=env)
     worker = subprocess.Popen([exe, *WORKER_COMMAND[1:]], env=env)
     url = f"http://{args.host}:{args.port}"
-    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}\n"
-          f"  try: curl -H 'Authorization: Bearer {key}' {url}/api/jobs\n"
-          "  Ctrl-C stops the API and the worker.\n", flush=True)
+    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}", flush=True)
+    if dataset_id:
+        body = json.dumps({**DEMO_JOB, "dataset": dataset_id})
+        print(f"  demo dataset: {dataset_id}\n  train a drafter for the demo verifier:\n"
+              f"    curl -s -X POST {url}/api/jobs -H 'Authorization: Bearer {key}' "
+              f"-H 'Content-Type: application/json' -d '{body}'", flush=True)
+    print("  Ctrl-C stops the API and the worker.\n", flush=True)
     children = [api, worker]
     try:
         while all(c.poll() is None for c in children):

@@ -50,6 +50,8 @@ def _on_worker_ready(**_: object) -> None:
 
 @signals.worker_shutting_down.connect
 def _on_shutdown(**_: object) -> None:
-    SHUTTING_DOWN.set()
     if _reconciler is not None:
         _reconciler.stopped.set()
+    with session_scope() as session:
+        registry.retire(session, get_settings().worker_name)
+    SHUTTING_DOWN.set()  # running jobs are handed back, and go to another worker

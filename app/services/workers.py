@@ -24,6 +24,13 @@ def register(session: Session, *, worker_id: str, host: str, queue: str,
     return worker
 
 
+def retire(session: Session, worker_id: str) -> None:
+    """A worker shutting down: no longer alive, so the scheduler places nothing more on it."""
+    worker = session.get(Worker, worker_id)
+    if worker is not None:
+        worker.last_heartbeat_at = utcnow() - timedelta(days=1)
+
+
 def heartbeat(session: Session, worker_id: str) -> None:
     worker = session.get(Worker, worker_id)
     if worker is not None:

@@ -45,19 +45,20 @@ def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, 
                             start_new_session=True)
     output: list[str] = []
     try:
-        key = None
+        key = dataset_id = None
         deadline = time.monotonic() + 120
         assert proc.stdout is not None
-        while key is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             line = proc.stdout.readline()
-            if not line:
+            if not line or "Ctrl-C stops" in line:
                 break
             output.append(line)
             if m := re.search(r"API key \(project 'default'\): (\S+)", line):
                 key = m.group(1)
-        assert key, "".join(output)
+            if m := re.search(r"demo dataset: (ds_\w+)", line):
+                dataset_id = m.group(1)
+        assert key and dataset_id, "".join(output)
         assert (tmp_path / "var" / "specdeck.db").is_file()
-        assert (tmp_path / "var" / "broker.db").is_file()
 
         base = f"http://127.0.0.1:{port}"
         headers = {"Authorization": f"Bearer {key}"}
@@ -70,7 +71,8 @@ def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, 
                 except httpx.TransportError:
                     pass
                 time.sleep(0.2)
-            created = client.post("/api/jobs", json=readme_job_body())
+            # The README's job, with the demo dataset `make run` uploaded.
+            created = client.post("/api/jobs", json={**readme_job_body(), "dataset": dataset_id})
             assert created.status_code == 201, created.text
             job_id = created.json()["id"]
             deadline = time.monotonic() + 60
@@ -79,6 +81,10 @@ def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, 
                 messages = [e["message"] for e in client.get(f"/api/jobs/{job_id}/events").json()["data"]]
                 time.sleep(0.2)
             assert any(m.startswith("claimed by") for m in messages), messages
+            assert (tmp_path / "var" / "broker.db").is_file()  # the message went through SQLite
+            printed = next(line for line in output if "curl -s -X POST" in line)
+            assert json.loads(printed.split("-d '", 1)[1].rsplit("'", 1)[0]) == \
+                {**readme_job_body(), "dataset": dataset_id}
 
             children = psutil.Process(proc.pid).children()
             commands = sorted(" ".join(c.cmdline()[1:3]) for c in children)
