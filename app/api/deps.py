@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from app.db import get_sessionmaker
+from app.db import session_scope
 from app.db.models import ApiKey
 from app.errors import APIError
 from app.services.keys import authenticate
@@ -16,15 +16,9 @@ from app.settings import Settings, get_settings
 
 
 def get_db() -> Iterator[Session]:
-    session = get_sessionmaker()()
-    try:
+    """The request's unit of work: committed when the route returns, rolled back if it raises."""
+    with session_scope() as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 # scope="function": commit before the response is sent (the default "request" scope runs the
