@@ -162,6 +162,69 @@ class Checkpoint(Base):
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class Deployment(Base):
+    """A served drafter: a verifier with a DFlash speculative config, behind the gateway."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (Index("ix_deployments_project_id_id", "project_id", "id"),
+                      Index("ix_deployments_project_name", "project_id", "name"))
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("dep"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))  # the served model name clients ask for
+    # Only app.services.state.transition() writes status.
+    status: Mapped[str] = mapped_column(String(20))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    upstream_url: Mapped[str | None] = mapped_column(Text)
+    api_key_ciphertext: Mapped[str | None] = mapped_column(Text)  # the upstream's internal key
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lock_owner: Mapped[str | None] = mapped_column(String(255))
+    lock_token: Mapped[str | None] = mapped_column(String(64))
+    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    pgids: Mapped[list[int] | None] = mapped_column(JSON)
+    pgid_host: Mapped[str | None] = mapped_column(String(255))
+    kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    allocation: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class DeploymentEvent(Base):
+    __tablename__ = "deployment_events"
+    __table_args__ = (Index("ix_deployment_events_deployment_id_id", "deployment_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str | None] = mapped_column(String(20))
+    stage: Mapped[str | None] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class Usage(Base):
+    """Tokens used through the gateway, per API key and deployment (one row per request)."""
+
+    __tablename__ = "usage"
+    __table_args__ = (Index("ix_usage_api_key_id_created_at", "api_key_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"))
+    project_id: Mapped[str] = mapped_column(String(40))
+    deployment_id: Mapped[str | None] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(100))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class Allocation(Base):
     """One GPU (or CPU slot) of a worker held by a job. The unique key is what guarantees that
     two owners never share a GPU, whatever races the schedulers run into."""
@@ -174,6 +237,8 @@ class Allocation(Base):
     resource: Mapped[str] = mapped_column(String(8))  # "gpu" or "slot"
     idx: Mapped[int] = mapped_column(Integer)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    deployment_id: Mapped[str | None] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"),
+                                                      index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

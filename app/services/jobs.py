@@ -82,7 +82,7 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
               idempotency_key=idempotency_key, request_hash=digest)
     try:
         with session.begin_nested():
-            state.initialize(session, job)
+            state.initialize(session, job, "job created")
     except IntegrityError:
         # A concurrent request with the same key won the race.
         existing = _by_idempotency_key(session, project_id, idempotency_key or "")

@@ -1,11 +1,14 @@
-"""The job state machine: one table of transitions and one function that changes status.
+"""The state machines of jobs and deployments: a table of transitions each, and one function
+that changes status.
 
-Nothing else assigns ``Job.status`` or ``Job.stage``. Every change is a compare-and-set on the
+Nothing else assigns ``status`` (or a job's ``stage``). Every change is a compare-and-set on the
 status the caller saw (and, for a worker, on its lease token), and writes an event row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -13,7 +16,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db.models import Allocation, Job, JobEvent, utcnow
+from app.db.models import Allocation, Deployment, DeploymentEvent, Job, JobEvent, utcnow
 
 
 class JobStatus(StrEnum):
@@ -47,7 +50,56 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.CANCELLED: frozenset(),
 }
 
-# Leaving running (re-queued or finished) gives back the lease, the processes and the GPUs.
+
+
+class DeploymentStatus(StrEnum):
+    PENDING = "pending"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+DEPLOYMENT_TRANSITIONS: dict[DeploymentStatus, frozenset[DeploymentStatus]] = {
+    DeploymentStatus.PENDING: frozenset({DeploymentStatus.STARTING, DeploymentStatus.STOPPED,
+                                         DeploymentStatus.FAILED}),
+    # starting -> starting and ready -> starting are restarts after a crash (with backoff);
+    # -> pending hands the deployment back when its worker is lost or shuts down.
+    DeploymentStatus.STARTING: frozenset({DeploymentStatus.STARTING, DeploymentStatus.READY,
+                                          DeploymentStatus.PENDING, DeploymentStatus.FAILED,
+                                          DeploymentStatus.STOPPING}),
+    DeploymentStatus.READY: frozenset({DeploymentStatus.STARTING, DeploymentStatus.PENDING,
+                                       DeploymentStatus.FAILED, DeploymentStatus.STOPPING}),
+    DeploymentStatus.STOPPING: frozenset({DeploymentStatus.STOPPED}),
+    DeploymentStatus.STOPPED: frozenset(),
+    DeploymentStatus.FAILED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The statuses of one kind of resource and what entering each one implies."""
+
+    status: type[StrEnum]
+    transitions: Mapping[Any, frozenset[Any]]
+    terminal: frozenset[Any]
+    waiting: Any  # the status of a resource handed back to the scheduler
+    started: frozenset[Any]  # entering one of these stamps started_at
+    event: type[JobEvent] | type[DeploymentEvent]
+    owner: str  # the event's and allocation's column that points at the resource
+
+
+MACHINES: dict[type, Machine] = {
+    Job: Machine(JobStatus, TRANSITIONS, TERMINAL, JobStatus.QUEUED,
+                 frozenset({JobStatus.RUNNING}), JobEvent, "job_id"),
+    Deployment: Machine(DeploymentStatus, DEPLOYMENT_TRANSITIONS,
+                        frozenset({DeploymentStatus.STOPPED, DeploymentStatus.FAILED}),
+                        DeploymentStatus.PENDING, frozenset({DeploymentStatus.STARTING}),
+                        DeploymentEvent, "deployment_id"),
+}
+
+# Going back to the scheduler or ending gives back the lease, the processes and the GPUs.
 _RELEASED = {"lock_owner": None, "lock_token": None, "lock_expires_at": None,
              "pgids": None, "pgid_host": None, "worker_id": None, "allocation": None}
 _UNCHANGED: Any = object()
@@ -63,8 +115,8 @@ class StaleJob(Exception):
 
 def transition(
     session: Session,
-    job: Job,
-    to: JobStatus,
+    obj: Job | Deployment,
+    to: StrEnum,
     *,
     stage: Stage | None = _UNCHANGED,
     reason: str | None = None,
@@ -74,56 +126,66 @@ def transition(
     data: dict[str, Any] | None = None,
     columns: dict[str, Any] | None = None,
 ) -> None:
-    """Move ``job`` to ``to`` (and ``stage``), checking the table, and write an event.
+    """Move a job or a deployment to ``to`` (a job also to ``stage``), checking its table, and
+    write an event.
 
     ``token`` guards a worker's write with its lease; ``columns`` carries the other columns that
     change with the status (lease fields on a claim, the attempt counter). Raises
     IllegalTransition, or StaleJob when zero rows matched.
     """
-    current = JobStatus(job.status)
-    if to not in TRANSITIONS[current]:
-        raise IllegalTransition(f"job {job.id}: {current} -> {to} is not allowed")
+    machine = MACHINES[type(obj)]
+    model = type(obj)
+    current = machine.status(obj.status)
+    if to not in machine.transitions[current]:
+        raise IllegalTransition(f"{obj.id}: {current} -> {to} is not allowed")
     now = utcnow()
     values: dict[str, Any] = {"status": to.value, "updated_at": now, "status_reason": reason,
-                              "error_code": error_code, **(columns or {})}
-    if stage is not _UNCHANGED:
-        values["stage"] = stage.value if stage else None
-    if to == JobStatus.RUNNING and job.started_at is None:
+                              **(columns or {})}
+    if isinstance(obj, Job):
+        values["error_code"] = error_code
+        if stage is not _UNCHANGED:
+            values["stage"] = stage.value if stage else None
+    if to in machine.started and obj.started_at is None:
         values["started_at"] = now
-    if to in TERMINAL:
+    if to in machine.terminal:
         values["finished_at"] = now
-    releases = to in TERMINAL or to == JobStatus.QUEUED
+    releases = to in machine.terminal or to == machine.waiting
     if releases:
         values = {**_RELEASED, **values}
 
-    stmt = update(Job).where(Job.id == job.id, Job.status == current.value)
+    stmt = update(model).where(model.id == obj.id, model.status == current.value)
     if token is not None:
-        stmt = stmt.where(Job.lock_token == token)
+        stmt = stmt.where(model.lock_token == token)
     if session.execute(stmt.values(**values)).rowcount != 1:
-        raise StaleJob(f"job {job.id} changed (expected status {current})")
+        raise StaleJob(f"{obj.id} changed (expected status {current})")
     if releases:
-        session.execute(delete(Allocation).where(Allocation.job_id == job.id))
+        session.execute(delete(Allocation).where(getattr(Allocation, machine.owner) == obj.id))
     for name, value in values.items():
-        set_committed_value(job, name, value)
+        set_committed_value(obj, name, value)
 
-    new_stage = values.get("stage", job.stage)
-    default = f"{current} -> {to}" + (f" ({new_stage})" if new_stage and to == JobStatus.RUNNING else "")
-    session.add(JobEvent(job_id=job.id, kind="status", attempt=job.attempt, status=to.value,
-                         stage=new_stage, message=message or reason or default, data=data))
+    new_stage = getattr(obj, "stage", None)
+    default = f"{current} -> {to}" + (f" ({new_stage})" if new_stage and to == current else "")
+    session.add(machine.event(**{machine.owner: obj.id}, kind="status", attempt=obj.attempt,
+                              status=to.value, stage=new_stage,
+                              message=message or reason or default, data=data))
     session.flush()
 
 
-def record_event(session: Session, job: Job, kind: str, message: str,
+def record_event(session: Session, obj: Job | Deployment, kind: str, message: str,
                  data: dict[str, Any] | None = None) -> None:
     """An event that does not change status (progress, resume points, log excerpts)."""
-    session.add(JobEvent(job_id=job.id, kind=kind, attempt=job.attempt, status=job.status,
-                         stage=job.stage, message=message, data=data))
+    machine = MACHINES[type(obj)]
+    session.add(machine.event(**{machine.owner: obj.id}, kind=kind, attempt=obj.attempt,
+                              status=obj.status, stage=getattr(obj, "stage", None),
+                              message=message, data=data))
 
 
-def initialize(session: Session, job: Job, message: str = "job created") -> None:
-    """Give a new job its first status; the only place a status is set without a transition."""
-    job.status = JobStatus.QUEUED.value
-    session.add(job)
+def initialize(session: Session, obj: Job | Deployment, message: str = "created") -> None:
+    """Give a new job or deployment its first status (queued, pending); the only place a status
+    is set without a transition."""
+    machine = MACHINES[type(obj)]
+    obj.status = machine.waiting.value
+    session.add(obj)
     session.flush()
-    session.add(JobEvent(job_id=job.id, kind="status", attempt=0, status=job.status,
-                         stage=None, message=message))
+    session.add(machine.event(**{machine.owner: obj.id}, kind="status", attempt=0,
+                              status=obj.status, stage=None, message=message))
