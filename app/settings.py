@@ -54,8 +54,14 @@ class Settings(BaseSettings):
     rekick_after_seconds: float = 30.0
     max_attempts: int = 3
     cancel_grace_seconds: float = 5.0
-    # How long the hidden-states server may take to load the verifier and answer.
+    # How long the hidden-states server or a serving engine may take to load and answer.
     verifier_ready_seconds: float = 900.0
+
+    # Deployments: health checks, restarts after a crash (backoff 2^n s, at most 60 s), and
+    # the address the gateway reaches a worker's engines at (127.0.0.1: same host only).
+    health_check_seconds: float = 5.0
+    deployment_max_restarts: int = 5
+    worker_advertise_host: str = "127.0.0.1"
 
     # Which pipeline the worker runs: "module:ATTRIBUTE". Tests point this at test-only stages.
     pipeline: str = "workers.pipeline:PIPELINE"

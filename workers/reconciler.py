@@ -1,6 +1,6 @@
-"""The periodic reconciler, run by every worker: re-queue jobs whose worker died (lease
-expired) and reap their orphaned processes, schedule what waits, re-kick lost messages, and
-heartbeat the worker."""
+"""The periodic reconciler, run by every worker: re-queue jobs (and re-place deployments) whose
+worker died (lease expired) and reap their orphaned processes, schedule what waits, re-kick
+lost messages, and heartbeat the worker."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from app.db import session_scope
-from app.db.models import Job, Worker, utcnow
+from app.db.models import Deployment, Job, Worker, utcnow
 from app.services import workers as registry
 from app.services.dispatch import kick
 from app.services.scheduling import schedule, unplace_from_dead_workers
-from app.services.state import LEASED, JobStatus, StaleJob, transition
+from app.services.state import LEASED, MACHINES, DeploymentStatus, JobStatus, StaleJob, transition
 from app.settings import Settings
 from workers.supervisor import reap
 
@@ -23,10 +23,34 @@ log = logging.getLogger(__name__)
 BATCH = 100
 
 
-def reap_job_processes(job: Job, host: str) -> None:
+def reap_job_processes(job: Job | Deployment, host: str) -> None:
     if job.pgid_host == host:
         for pgid in job.pgids or []:
             reap(pgid, job.id)
+
+
+def expire_deployment_leases(settings: Settings, host: str) -> int:
+    """Deployments whose worker died: back to pending (placed again), or stopped if deleted."""
+    leased = [DeploymentStatus.STARTING.value, DeploymentStatus.READY.value,
+              DeploymentStatus.STOPPING.value]
+    with session_scope() as session:
+        expired = session.scalars(
+            select(Deployment).where(Deployment.status.in_(leased), Deployment.lock_expires_at < utcnow())
+            .limit(BATCH).with_for_update(skip_locked=True)).all()
+        for deployment in expired:
+            reap_job_processes(deployment, host)
+            lost = f"worker {deployment.lock_owner} stopped heartbeating"
+            try:
+                if deployment.status == DeploymentStatus.STOPPING:
+                    transition(session, deployment, DeploymentStatus.STOPPED, reason="deleted by user",
+                               message=f"{lost}; stop completed", columns={"upstream_url": None})
+                else:
+                    transition(session, deployment, DeploymentStatus.PENDING,
+                               reason="re-placed after its worker was lost", message=lost,
+                               columns={"upstream_url": None})
+            except StaleJob:
+                continue
+        return len(expired)
 
 
 def expire_leases(settings: Settings, host: str) -> int:
@@ -58,34 +82,39 @@ def expire_leases(settings: Settings, host: str) -> int:
 
 
 def rekick_queued(settings: Settings) -> int:
-    """Placed jobs still queued ``rekick_after_seconds`` after their kick: the message was lost."""
+    """Placed jobs (and deployments) still waiting ``rekick_after_seconds`` after their kick:
+    the message was lost."""
     cutoff = utcnow() - timedelta(seconds=settings.rekick_after_seconds)
+    count = 0
     with session_scope() as session:
-        stale = session.execute(
-            select(Job, Worker.queue).join(Worker, Worker.id == Job.worker_id)
-            .where(Job.status == JobStatus.QUEUED.value,
-                   (Job.kicked_at.is_(None)) | (Job.kicked_at < cutoff))
-            .order_by(Job.id).limit(BATCH).with_for_update(of=Job, skip_locked=True)
-        ).all()
-        for job, queue in stale:
-            log.info("re-kicking %s on %s (its message was lost)", job.id, queue)
-            kick(session, job, queue=queue)
-        return len(stale)
+        for model in (Job, Deployment):
+            stale = session.execute(
+                select(model, Worker.queue).join(Worker, Worker.id == model.worker_id)
+                .where(model.status == MACHINES[model].waiting.value,
+                       (model.kicked_at.is_(None)) | (model.kicked_at < cutoff))
+                .order_by(model.id).limit(BATCH).with_for_update(of=model, skip_locked=True)
+            ).all()
+            for row, queue in stale:
+                log.info("re-kicking %s on %s (its message was lost)", row.id, queue)
+                kick(session, row, queue=queue)
+            count += len(stale)
+    return count
 
 
 def reap_own_orphans(worker_id: str, host: str) -> None:
     """At start-up: a previous incarnation of this worker died; kill what it left running."""
     with session_scope() as session:
-        jobs = session.scalars(select(Job).where(Job.lock_owner == worker_id,
-                                                 Job.pgid_host == host)).all()
-        for job in jobs:
-            reap_job_processes(job, host)
+        for model in (Job, Deployment):
+            for row in session.scalars(select(model).where(model.lock_owner == worker_id,
+                                                           model.pgid_host == host)):
+                reap_job_processes(row, host)
 
 
 def reconcile_once(settings: Settings, worker_id: str, host: str) -> None:
     with session_scope() as session:
         registry.heartbeat(session, worker_id)
     expire_leases(settings, host)
+    expire_deployment_leases(settings, host)
     with session_scope() as session:
         unplace_from_dead_workers(session, settings)
         schedule(session, settings)

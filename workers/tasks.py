@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from celery import signals
 from sqlalchemy import select
 
 from app.db import session_scope
-from app.db.models import Job
+from app.db.models import Deployment, Job
+from app.services.secrets import cipher
 from app.services import workers as registry
 from app.settings import get_settings
 from workers.celery_app import celery_app
+from workers.deployments import run_deployment
 from workers.gpus import detect_gpus
 from workers.lease import claim
 from workers.reconciler import Reconciler, reap_own_orphans
@@ -32,6 +35,23 @@ def run_job_task(job_id: str) -> None:
     with session_scope() as session:
         spec = session.scalar(select(Job.spec).where(Job.id == job_id))
     run_job(lease, spec, settings)
+
+
+@celery_app.task(name="specdeck.run_deployment", acks_late=True, ignore_result=True)
+def run_deployment_task(deployment_id: str) -> None:
+    """Claim a pending deployment placed here and serve it until it is deleted."""
+    settings = get_settings()
+    api_key = secrets.token_urlsafe(32)  # the engine's internal key: only the gateway has it
+    lease = claim(deployment_id, settings.worker_name, settings.lease_seconds, model=Deployment,
+                  columns={"api_key_ciphertext": cipher(settings).encrypt(api_key.encode()).decode()})
+    if lease is None:
+        log.info("deployment %s is not pending here (duplicate or stale message)", deployment_id)
+        return
+    with session_scope() as session:
+        row = session.get(Deployment, deployment_id)
+        deployment = {"name": row.name, "restarts": row.restarts,
+                      "spec": {**row.spec, "allocation": row.allocation}}
+    run_deployment(lease, deployment, settings, api_key)
 
 
 @signals.worker_ready.connect

@@ -1,4 +1,4 @@
-"""Kicking workers: a Celery message that carries only the job id, sent after commit."""
+"""Kicking workers: a Celery message that carries only an id, sent after commit."""
 
 from __future__ import annotations
 
@@ -8,26 +8,29 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from app.db import after_commit
-from app.db.models import Job, utcnow
+from app.db.models import Deployment, Job, utcnow
 
 log = logging.getLogger(__name__)
 
 RUN_JOB_TASK = "specdeck.run_job"
+RUN_DEPLOYMENT_TASK = "specdeck.run_deployment"
+TASKS: dict[type, str] = {Job: RUN_JOB_TASK, Deployment: RUN_DEPLOYMENT_TASK}
 
 
-def kick(session: Session, job: Job, queue: str) -> None:
-    """Record the kick and send it to ``queue`` (the worker the job was placed on) once the
-    transaction commits; never on rollback."""
-    session.execute(update(Job).where(Job.id == job.id).values(kicked_at=utcnow()))
-    job_id = job.id
-    after_commit(session, lambda: send_run_job(job_id, queue))
+def kick(session: Session, obj: Job | Deployment, queue: str) -> None:
+    """Record the kick and send it to ``queue`` (the worker the job or deployment was placed
+    on) once the transaction commits; never on rollback."""
+    model = type(obj)
+    session.execute(update(model).where(model.id == obj.id).values(kicked_at=utcnow()))
+    task, ident = TASKS[model], obj.id
+    after_commit(session, lambda: send_run_job(ident, queue, task))
 
 
-def send_run_job(job_id: str, queue: str) -> None:
+def send_run_job(ident: str, queue: str, task: str = RUN_JOB_TASK) -> None:
     from workers.celery_app import get_celery
 
     try:
-        get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=queue)
+        get_celery().send_task(task, args=[ident], queue=queue)
     except Exception:  # the broker is down: the row is committed and the reconciler re-kicks it
-        log.warning("could not send %s for %s; the reconciler will re-kick it", RUN_JOB_TASK,
-                    job_id, exc_info=True)
+        log.warning("could not send %s for %s; the reconciler will re-kick it", task, ident,
+                    exc_info=True)

@@ -17,9 +17,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db.models import Allocation, Job, Worker, utcnow
+from app.db.models import Allocation, Deployment, Job, Worker, utcnow
 from app.services.dispatch import kick
-from app.services.state import JobStatus, record_event
+from app.services.state import MACHINES, record_event
 from app.settings import Settings
 
 BATCH = 200
@@ -46,12 +46,15 @@ class Need:
         return "a free CPU slot on a worker"
 
 
-def need(spec: dict[str, Any]) -> Need:
-    if spec["runtime"] == "vllm":
-        res = spec["resources"]
-        verifier = res["verifier"]["tensor_parallel_size"] * res["verifier"]["data_parallel_size"]
-        return Need("gpu", verifier, res["trainer_gpus"])
-    return Need("slot", 0, 0)
+def need(obj: Job | Deployment) -> Need:
+    spec = obj.spec
+    if spec["runtime"] != "vllm":
+        return Need("slot", 0, 0)
+    res = spec["resources"]
+    if isinstance(obj, Deployment):
+        return Need("gpu", res["tensor_parallel_size"], 0)
+    verifier = res["verifier"]["tensor_parallel_size"] * res["verifier"]["data_parallel_size"]
+    return Need("gpu", verifier, res["trainer_gpus"])
 
 
 def alive_workers(session: Session, settings: Settings) -> list[Worker]:
@@ -72,18 +75,19 @@ def free_units(session: Session, worker: Worker, resource: str) -> list[int]:
     return [i for i in units(worker, resource) if i not in used]
 
 
-def _place(session: Session, job: Job, n: Need, worker: Worker, free: list[int]) -> bool:
+def _place(session: Session, job: Job | Deployment, n: Need, worker: Worker, free: list[int]) -> bool:
+    model, machine = type(job), MACHINES[type(job)]
     taken = free[:n.count]
     allocation = ({"verifier": taken[:n.verifier], "trainer": taken[n.verifier:]}
                   if n.resource == "gpu" else {"slot": taken})
     try:
         with session.begin_nested():
-            session.add_all(Allocation(worker_id=worker.id, resource=n.resource, idx=i, job_id=job.id)
-                            for i in taken)
+            session.add_all(Allocation(worker_id=worker.id, resource=n.resource, idx=i,
+                                       **{machine.owner: job.id}) for i in taken)
             session.flush()
             placed = session.execute(
-                update(Job).where(Job.id == job.id, Job.status == JobStatus.QUEUED.value,
-                                  Job.worker_id.is_(None))
+                update(model).where(model.id == job.id, model.status == machine.waiting.value,
+                                    model.worker_id.is_(None))
                 .values(worker_id=worker.id, allocation=allocation, status_reason=None)
             ).rowcount
             if placed != 1:
@@ -91,35 +95,40 @@ def _place(session: Session, job: Job, n: Need, worker: Worker, free: list[int])
     except (IntegrityError, _AlreadyPlaced):
         return False  # another scheduler got there first
     session.refresh(job)
-    where = f"GPUs {allocation['verifier']} (verifier) and {allocation['trainer']} (trainer)" \
-        if n.resource == "gpu" else "a CPU slot"
+    if n.resource == "slot":
+        where = "a CPU slot"
+    elif n.trainer:
+        where = f"GPUs {allocation['verifier']} (verifier) and {allocation['trainer']} (trainer)"
+    else:
+        where = f"GPUs {allocation['verifier']}"
     record_event(session, job, "scheduled", f"scheduled on {worker.id}: {where}",
                  {"worker": worker.id, "allocation": allocation})
     kick(session, job, queue=worker.queue)
     return True
 
 
-def _waiting(session: Session, job: Job, reason: str) -> None:
+def _waiting(session: Session, job: Job | Deployment, reason: str) -> None:
     if job.status_reason != reason:
-        session.execute(update(Job).where(Job.id == job.id, Job.status == JobStatus.QUEUED.value)
+        model = type(job)
+        session.execute(update(model).where(model.id == job.id,
+                                            model.status == MACHINES[model].waiting.value)
                         .values(status_reason=reason))
         set_committed_value(job, "status_reason", reason)
         record_event(session, job, "waiting", reason)
 
 
 def schedule(session: Session, settings: Settings) -> int:
-    """Place what fits, oldest first; give every job that waits a visible reason."""
-    jobs = session.scalars(
-        select(Job).where(Job.status == JobStatus.QUEUED.value, Job.worker_id.is_(None))
-        .order_by(Job.id).limit(BATCH).with_for_update(skip_locked=True)
-    ).all()
+    """Place what fits, oldest first (jobs and deployments in one line); give everything that
+    waits a visible reason."""
+    jobs = sorted(_unplaced(session, Job) + _unplaced(session, Deployment),
+                  key=lambda row: (row.created_at, row.id))
     if not jobs:
         return 0
     workers = alive_workers(session, settings)
     blocked: dict[str, str] = {}
     placed = 0
     for job in jobs:
-        n = need(job.spec)
+        n = need(job)
         if n.resource in blocked:
             _waiting(session, job, f"waiting for {n.describe()}; an older job ({blocked[n.resource]}) "
                      "is first in line")
@@ -143,18 +152,25 @@ def schedule(session: Session, settings: Settings) -> int:
     return placed
 
 
+def _unplaced(session: Session, model: type[Job] | type[Deployment]) -> list[Any]:
+    return list(session.scalars(
+        select(model).where(model.status == MACHINES[model].waiting.value, model.worker_id.is_(None))
+        .order_by(model.id).limit(BATCH).with_for_update(skip_locked=True)))
+
+
 def unplace_from_dead_workers(session: Session, settings: Settings) -> int:
-    """Queued jobs placed on a worker that died before claiming them go back to the pool."""
+    """Jobs and deployments placed on a worker that died before claiming them go back."""
     alive = {w.id for w in alive_workers(session, settings)}
-    stranded = session.scalars(select(Job).where(Job.status == JobStatus.QUEUED.value,
-                                                 Job.worker_id.is_not(None))
-                               .with_for_update(skip_locked=True)).all()
+    stranded = [row for model in (Job, Deployment) for row in session.scalars(
+        select(model).where(model.status == MACHINES[model].waiting.value,
+                            model.worker_id.is_not(None)).with_for_update(skip_locked=True))]
     moved = 0
     for job in stranded:
         if job.worker_id not in alive:
-            session.execute(delete(Allocation).where(Allocation.job_id == job.id))
-            session.execute(update(Job).where(Job.id == job.id).values(worker_id=None, allocation=None))
+            model, owner = type(job), MACHINES[type(job)].owner
+            session.execute(delete(Allocation).where(getattr(Allocation, owner) == job.id))
+            session.execute(update(model).where(model.id == job.id).values(worker_id=None, allocation=None))
             record_event(session, job, "unscheduled", f"{job.worker_id} went away before starting "
-                         "the job; scheduling it again")
+                         "it; scheduling it again")
             moved += 1
     return moved

@@ -28,27 +28,30 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
-def read_config(reference: str, *, settings: Settings, token: str | None = None) -> tuple[str, str, dict[str, Any]]:
+def read_config(reference: str, *, settings: Settings, token: str | None = None,
+                param: str = "verifier") -> tuple[str, str, dict[str, Any]]:
+    """A model's config.json: from a directory under the models root, or from the Hub.
+    Returns (what to hand to servers and trainers, "local" or "hub", the config)."""
     models_root = settings.models_root
     if looks_like_path(reference) or (models_root / reference).exists():
-        path = resolve_under(models_root, reference, param="verifier", what="models")
+        path = resolve_under(models_root, reference, param=param, what="models")
         config_file = path / "config.json"
         if not config_file.is_file():
-            raise APIError(422, f"verifier '{reference}' has no config.json under the models root",
-                           code="verifier_not_found", param="verifier")
+            raise APIError(422, f"{param} '{reference}' has no config.json under the models root",
+                           code=f"{param}_not_found", param=param)
         return str(path), "local", json.loads(config_file.read_text())
     if not HF_REPO_ID.match(reference):
-        raise APIError(422, "verifier must be a Hugging Face id ('org/name') or a path under the "
-                       "models root", code="invalid_verifier", param="verifier")
+        raise APIError(422, f"{param} must be a Hugging Face id ('org/name') or a path under the "
+                       "models root", code=f"invalid_{param}", param=param)
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
         config_file = hf_hub_download(reference, "config.json", token=token, etag_timeout=10)
     except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise APIError(422, f"could not read config.json of verifier '{reference}' from the "
-                       f"Hugging Face Hub: {type(exc).__name__}", code="verifier_not_found",
-                       param="verifier") from exc
+        raise APIError(422, f"could not read config.json of {param} '{reference}' from the "
+                       f"Hugging Face Hub: {type(exc).__name__}", code=f"{param}_not_found",
+                       param=param) from exc
     return reference, "hub", json.loads(Path(config_file).read_text())
 
 

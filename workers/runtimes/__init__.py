@@ -15,7 +15,10 @@ from app.settings import Settings
 
 SPECULATORS_VERSION = "0.9.0"
 REDACTED = "***"
-SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SPECDECK_VERIFIER_API_KEY"})
+# The serving engines' internal key: vLLM reads VLLM_API_KEY, the local engine the variable
+# named by --api-key-env. Keys and tokens travel in the environment, never in argv.
+UPSTREAM_KEY_ENV = {"vllm": "VLLM_API_KEY", "local": "SPECDECK_UPSTREAM_KEY"}
+SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", *UPSTREAM_KEY_ENV.values()})
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,17 @@ def build_plan(spec: dict[str, Any], paths: JobPaths, *, port: int | None = None
 
     runtime = {"vllm": vllm, "local": local}[spec["runtime"]]
     return runtime.build(spec, paths, port=port, gpus=gpus)
+
+
+def build_serve(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+                gpus: list[int] | None, api_key: str) -> StageCommand:
+    """The serving command of a deployment: the verifier with its DFlash drafter."""
+    from workers.runtimes import vllm
+    from workers.runtimes.local import commands as local
+
+    runtime = {"vllm": vllm, "local": local}[spec["runtime"]]
+    return runtime.serve_command(spec, name, port=port, host=host, gpus=gpus or [],
+                                 api_key=api_key)
 
 
 def spec_summary(spec: dict[str, Any]) -> str:

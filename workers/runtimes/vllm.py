@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from workers.runtimes import (
+    UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
     StageCommand,
@@ -70,3 +71,22 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
     return Plan(runtime="vllm", server_layer_ids=server_layer_ids(spec),
                 trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
                 verifier_gpus=verifier_gpus, trainer_gpus=trainer_gpus, stages=stages)
+
+
+def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+                  gpus: list[int], api_key: str) -> StageCommand:
+    """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4)."""
+    speculative_config = {"method": "dflash", "model": spec["drafter"],
+                          "num_speculative_tokens": spec["num_speculative_tokens"]}
+    argv = [
+        "vllm", "serve", spec["verifier"],
+        "--speculative-config", json.dumps(speculative_config),
+        "--served-model-name", name,
+        "--host", host,
+        "--port", str(port),
+        "--tensor-parallel-size", str(spec["resources"]["tensor_parallel_size"]),
+        "--attention-backend", "flash_attn",
+        "--max-num-batched-tokens", "32768",
+    ]
+    return StageCommand("serving", "vLLM with the DFlash drafter", argv,
+                        {**cuda_env(gpus), UPSTREAM_KEY_ENV["vllm"]: api_key}, gpus)

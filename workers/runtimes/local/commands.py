@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from workers.runtimes import (
+    UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
     StageCommand,
@@ -62,3 +63,21 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
     return Plan(runtime="local", server_layer_ids=server_layer_ids(spec),
                 trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
                 verifier_gpus=[], trainer_gpus=[], stages=stages)
+
+
+def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+                  gpus: list[int], api_key: str) -> StageCommand:
+    """SpecDeck's CPU engine: the verifier with the DFlash drafter, greedy and lossless."""
+    key_env = UPSTREAM_KEY_ENV["local"]
+    argv = [
+        sys.executable, "-m", "workers.runtimes.local.engine",
+        "--verifier", spec["verifier"],
+        "--drafter", spec["drafter"],
+        "--served-model-name", name,
+        "--num-speculative-tokens", str(spec["num_speculative_tokens"]),
+        "--host", host,
+        "--port", str(port),
+        "--api-key-env", key_env,
+    ]
+    return StageCommand("serving", "local DFlash engine (CPU)", argv,
+                        {**cuda_env([]), key_env: api_key})

@@ -1,0 +1,42 @@
+"""/api/deployments: thin routes over app.services.deployments."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.schemas.common import Page
+from app.schemas.deployments import DeploymentCreate, DeploymentOut
+from app.services import deployments as service
+
+router = APIRouter(prefix="/api/deployments", tags=["deployments"])
+
+
+@router.post("", status_code=201, response_model=DeploymentOut)
+def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
+                      settings: SettingsDep) -> DeploymentOut:
+    return service.deployment_out(service.create_deployment(session, key.project_id, body, settings))
+
+
+@router.get("", response_model=Page[DeploymentOut])
+def list_deployments(key: CurrentKey, session: SessionDep,
+                     limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                     after: Annotated[str | None, Query(pattern=r"^dep_[0-9a-f]{24}$")] = None,
+                     ) -> Page[DeploymentOut]:
+    rows, has_more = service.list_deployments(session, key.project_id, limit=limit, after=after)
+    return Page(data=[service.deployment_out(d) for d in rows], has_more=has_more,
+                last_id=rows[-1].id if rows else None)
+
+
+@router.get("/{deployment_id}", response_model=DeploymentOut)
+def get_deployment(deployment_id: str, key: CurrentKey, session: SessionDep) -> DeploymentOut:
+    return service.deployment_out(service.get_deployment(session, key.project_id, deployment_id))
+
+
+@router.delete("/{deployment_id}", response_model=DeploymentOut)
+def delete_deployment(deployment_id: str, key: CurrentKey, session: SessionDep,
+                      settings: SettingsDep) -> DeploymentOut:
+    return service.deployment_out(
+        service.delete_deployment(session, key.project_id, deployment_id, settings))

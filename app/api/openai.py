@@ -1,0 +1,465 @@
+"""/v1: the OpenAI-compatible gateway in front of the project's deployments.
+
+``GET /v1/models`` lists the ready deployments of the caller's project; ``POST
+/v1/chat/completions`` (streaming or not) goes to the deployment named by ``model``, over the
+app's pooled HTTP client, with the deployment's internal key (never shown to the caller).
+
+Status codes follow what openai-python retries (408, 409, 429 and 5xx): a request that must not
+be retried never gets one of those.
+
+==========================================  ======  ====================================
+a missing or invalid key                     401     ``missing_api_key``, ``invalid_api_key``
+over the key's rate limit                    429     ``rate_limit_exceeded`` + Retry-After
+body over SPECDECK_MAX_BODY_BYTES            413     ``request_too_large``
+bad JSON, ``n`` != 1, ``max_tokens`` over    400     ``invalid_json``, ``invalid_value``
+the cap, a missing ``model``                         (``param`` names the field)
+no such model in the project (or another     404     ``model_not_found``
+project's, or stopping/stopped/failed)
+the deployment is pending or starting        503     ``model_not_ready`` + Retry-After
+the upstream is unreachable / timed out      503     ``upstream_unavailable`` + Retry-After
+                                             504     ``upstream_timeout``
+the upstream failed (5xx, bad answer)        502     ``upstream_error``
+the upstream answered 4xx                    same    its message, in this shape
+==========================================  ======  ====================================
+
+Streaming: the first upstream chunk is read before the response starts, so a failure up to then
+is one of the HTTP errors above. Chunks are then passed through as they come; the stream always
+ends with ``data: [DONE]``, or, when the upstream dies mid-stream, with a final
+``data: {"error": {...}}`` event. When the client disconnects, the upstream request is closed at
+once (the upstream sees its client go away). Usage comes from the upstream's ``usage`` (the
+gateway asks for ``stream_options.include_usage`` and drops that chunk again when the client did
+not ask for it) and is recorded per key in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import APIRouter, Request, Response
+from starlette.types import Receive, Scope, Send
+
+from app.errors import APIError, error_body
+from app.middleware import BodyTooLarge
+from app.schemas.openai import ChatCompletionRequest, Model, ModelList
+from app.services.gateway import Caller, Gateway, Route, gateway_lifespan, get_gateway
+from app.services.state import DeploymentStatus
+
+router = APIRouter(prefix="/v1", tags=["openai"], lifespan=gateway_lifespan)
+
+_WWW_AUTH = {"WWW-Authenticate": "Bearer"}
+_NOT_READY = frozenset({DeploymentStatus.PENDING.value, DeploymentStatus.STARTING.value})
+_JSON = "application/json"
+_decoder = json.JSONDecoder()
+
+
+# --- auth, limits, routing ---------------------------------------------------------------------
+
+async def authenticate(request: Request, gateway: Gateway) -> Caller:
+    header = request.headers.get("authorization")
+    if not header:
+        raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",
+                       code="missing_api_key", headers=_WWW_AUTH)
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    caller = await gateway.caller(token) if token and scheme.lower() == "bearer" else None
+    if caller is None:
+        raise APIError(401, "Invalid API key", code="invalid_api_key", headers=_WWW_AUTH)
+    if gateway.limiter.enabled:
+        wait = gateway.limiter.take(caller.key_id)
+        if wait is not None:
+            raise APIError(429, "Rate limit exceeded for this API key; retry after the number of "
+                           "seconds in Retry-After", code="rate_limit_exceeded",
+                           headers={"Retry-After": gateway.retry_after(wait)})
+    return caller
+
+
+async def resolve(gateway: Gateway, caller: Caller, model: str) -> Route:
+    route = (await gateway.project_routes(caller.project_id)).by_name.get(model)
+    if route is None or route.status not in (_NOT_READY | {DeploymentStatus.READY.value}):
+        raise APIError(404, f"The model '{model}' does not exist or is not deployed",
+                       code="model_not_found", param="model")
+    if route.status in _NOT_READY:
+        raise APIError(503, f"The model '{model}' is starting; retry shortly",
+                       code="model_not_ready", headers={"Retry-After": gateway.starting_retry_after})
+    if not route.upstream_url or route.authorization == "":
+        raise APIError(503, f"The model '{model}' is not reachable right now",
+                       code="upstream_unavailable",
+                       headers={"Retry-After": gateway.unavailable_retry_after})
+    return route
+
+
+def invalid(message: str, param: str | None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, code=code, param=param, type="invalid_request_error")
+
+
+def check_request(body: Any, cap: int) -> tuple[str, bool]:
+    """The model and whether to stream; raises 400 for what the gateway refuses."""
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object", None, "invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required: the name of a deployment", "model",
+                      "missing_field" if model is None else "invalid_value")
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    elif not isinstance(stream, bool):
+        raise invalid("'stream' must be true or false", "stream")
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
+        raise invalid("Only n=1 is supported", "n")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or value < 1:
+            raise invalid(f"'{name}' must be a positive integer", name)
+        if value > cap:
+            raise invalid(f"'{name}' is {value}, over this gateway's limit of {cap}", name)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object", "stream_options")
+    return model, stream
+
+
+def upstream_body(raw: bytes, body: dict[str, Any], stream: bool, cap: int) -> tuple[bytes, bool]:
+    """The body to forward: the client's bytes, plus ``max_tokens`` (the cap) when it set no limit
+    and, when streaming, ``stream_options.include_usage``. Also: did the client ask for usage?"""
+    add: list[bytes] = []
+    rewrite = False
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        if "max_tokens" in body:  # an explicit null: rewrite rather than duplicate the key
+            rewrite = True
+        else:
+            add.append(b'"max_tokens":%d' % cap)
+    client_usage = False
+    if stream:
+        options = body.get("stream_options")
+        if options is None:
+            if "stream_options" in body:
+                rewrite = True
+            else:
+                add.append(b'"stream_options":{"include_usage":true}')
+        else:
+            client_usage = bool(options.get("include_usage"))
+            rewrite = rewrite or not client_usage
+    if rewrite:
+        body = dict(body)
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = cap
+        if stream:
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return json.dumps(body, separators=(",", ":")).encode(), client_usage
+    if add:
+        stripped = raw.rstrip()  # a JSON object with at least "model": ends with "}"
+        return stripped[:-1] + b"," + b",".join(add) + b"}", client_usage
+    return raw, client_usage
+
+
+# --- upstream errors ---------------------------------------------------------------------------
+
+def upstream_error(status: int, content: bytes, headers: httpx.Headers | None = None) -> APIError:
+    """An upstream's non-200 answer as the gateway's error (never leaking the upstream's key)."""
+    if status in (401, 403):
+        return APIError(502, "The model server refused the gateway's credentials",
+                        code="upstream_auth_failed", type="server_error")
+    if status == 503:
+        return APIError(503, "The model server is unavailable; retry shortly",
+                        code="upstream_unavailable", headers={"Retry-After": "1"})
+    if status >= 500 or status < 400:
+        return APIError(502, f"The model server failed (HTTP {status})", code="upstream_error",
+                        type="server_error")
+    message, type_, param, code = f"The model server answered HTTP {status}", None, None, None
+    try:
+        payload = json.loads(content)
+        error = payload.get("error", payload) if isinstance(payload, dict) else {}
+        if isinstance(error, str):
+            error = {"message": error}
+        if isinstance(error, dict):
+            message = error.get("message") if isinstance(error.get("message"), str) else message
+            type_ = error.get("type") if isinstance(error.get("type"), str) else None
+            param = error.get("param") if isinstance(error.get("param"), str) else None
+            code = error.get("code") if isinstance(error.get("code"), str) else None
+    except ValueError:
+        pass
+    extra = None
+    if status == 429:
+        retry = headers.get("retry-after") if headers is not None else None
+        extra = {"Retry-After": retry or "1"}
+        code = code or "rate_limit_exceeded"
+    return APIError(status, message, code=code, param=param, type=type_, headers=extra)
+
+
+def transport_error(gateway: Gateway, exc: Exception) -> APIError:
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return APIError(503, "The model server is not reachable; retry shortly",
+                        code="upstream_unavailable",
+                        headers={"Retry-After": gateway.unavailable_retry_after})
+    if isinstance(exc, httpx.TimeoutException):
+        return APIError(504, "The model server did not answer in time", code="upstream_timeout",
+                        type="server_error")
+    return APIError(502, f"The model server failed: {type(exc).__name__}", code="upstream_error",
+                    type="server_error")
+
+
+def find_usage(content: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a completion, without parsing the rest (it comes last)."""
+    at = content.rfind(b'"usage"')
+    if at >= 0:
+        colon = content.find(b":", at + 7)
+        try:
+            usage, _ = _decoder.raw_decode(content[colon + 1:].lstrip().decode())
+            return usage if isinstance(usage, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            pass
+    try:
+        usage = json.loads(content).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
+def record_usage(gateway: Gateway, caller: Caller, route: Route, usage: Any) -> None:
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        gateway.usage.add(caller, route, prompt if type(prompt) is int else 0,
+                          completion if type(completion) is int else 0)
+
+
+# --- disconnects -------------------------------------------------------------------------------
+
+async def watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when the client goes away (call once the request body has been read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+def start_watch(receive: Receive, scope: anyio.CancelScope) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(watch_disconnect(receive, scope))
+
+
+# --- streaming ---------------------------------------------------------------------------------
+
+_EVENT_SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_DONE = b"data: [DONE]\n\n"
+
+
+def event_end(data: bytes) -> int:
+    """The index just past the last complete SSE event in ``data`` (0: none)."""
+    end = data.rfind(b"\n\n")
+    end = end + 2 if end >= 0 else 0
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(end, crlf + 4) if crlf >= 0 else end
+
+
+def event_json(event: bytes) -> Any:
+    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
+    return json.loads(b"\n".join(lines)) if lines else None
+
+
+def sse_error(message: str, code: str) -> bytes:
+    body = error_body(502, message, code=code, type="server_error")
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+class SSEProxy(Response):
+    """Relays an upstream SSE stream whose first chunk has been read already."""
+
+    def __init__(self, gateway: Gateway, caller: Caller, route: Route, upstream: httpx.Response,
+                 chunks: Any, first: bytes, client_usage: bool) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        self.gateway, self.caller, self.route = gateway, caller, route
+        self.upstream, self.chunks, self.first = upstream, chunks, first
+        self.client_usage = client_usage
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            with anyio.CancelScope() as cancel:
+                watcher = start_watch(receive, cancel)
+                try:
+                    last = await self.relay(send)
+                finally:
+                    watcher.cancel()
+            if not cancel.cancelled_caught:
+                await send({"type": "http.response.body", "body": last, "more_body": False})
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.upstream.aclose()  # on a disconnect: closes the upstream connection
+
+    async def relay(self, send: Send) -> bytes:
+        """Send every event as it comes; return what ends the stream."""
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        pending, chunk, done = b"", self.first, False
+        chunks = self.chunks
+        while True:
+            data = pending + chunk if pending else chunk
+            end = event_end(data)
+            if end:
+                out, pending = (data[:end], data[end:]) if end < len(data) else (data, b"")
+                if b'"usage":{' in out or b'"usage": {' in out:
+                    out = self.take_usage(out)
+                if not done and b"data: [DONE]" in out:
+                    done = True
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            else:
+                pending = data
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except httpx.HTTPError as exc:
+                return sse_error(f"The model server failed mid-stream ({type(exc).__name__})",
+                                 "upstream_error")
+        tail = pending + b"\n\n" if pending.strip() else b""
+        if tail and b'"usage":' in tail:
+            tail = self.take_usage(tail)
+        return tail if done else tail + _DONE
+
+    def take_usage(self, out: bytes) -> bytes:
+        """Record the usage in these events; drop the usage chunk if the client did not ask."""
+        parts = _EVENT_SPLIT.split(out)
+        kept: list[bytes] = []
+        for i in range(0, len(parts), 2):
+            event, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
+            if b'"usage"' in event:
+                try:
+                    payload = event_json(event)
+                except ValueError:
+                    payload = None
+                if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
+                    record_usage(self.gateway, self.caller, self.route, payload["usage"])
+                    if not self.client_usage:
+                        if not payload.get("choices"):
+                            continue  # the usage-only chunk the gateway asked for
+                        payload.pop("usage")
+                        event = b"data: " + json.dumps(payload, separators=(",", ":")).encode()
+            kept.append(event + sep)
+        return b"".join(kept)
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+@router.get("/models", response_model=ModelList)
+async def list_models(request: Request) -> ModelList:
+    gateway = get_gateway(request.app)
+    caller = await authenticate(request, gateway)
+    routes = await gateway.project_routes(caller.project_id)
+    return ModelList(data=[Model(id=r.name, created=r.created, owned_by="specdeck")
+                           for r in routes.ready])
+
+
+@router.get("/models/{model:path}", response_model=Model)
+async def retrieve_model(model: str, request: Request) -> Model:
+    gateway = get_gateway(request.app)
+    caller = await authenticate(request, gateway)
+    route = (await gateway.project_routes(caller.project_id)).by_name.get(model)
+    if route is None or route.status != DeploymentStatus.READY.value:
+        raise APIError(404, f"The model '{model}' does not exist or is not deployed",
+                       code="model_not_found", param="model")
+    return Model(id=route.name, created=route.created, owned_by="specdeck")
+
+
+@router.post("/chat/completions", openapi_extra={"requestBody": {
+    "required": True,
+    "content": {_JSON: {"schema": ChatCompletionRequest.model_json_schema(
+        ref_template="#/components/schemas/{model}")}}}})
+async def chat_completions(request: Request) -> Response:
+    gateway = get_gateway(request.app)
+    caller = await authenticate(request, gateway)
+    try:
+        raw = await request.body()
+    except BodyTooLarge:
+        raise APIError(413, "Request body is too large", code="request_too_large") from None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise invalid("The request body is not valid JSON", None, "invalid_json") from None
+    cap = gateway.max_tokens
+    model, stream = check_request(body, cap)
+    route = await resolve(gateway, caller, model)
+    content, client_usage = upstream_body(raw, body, stream, cap)
+    headers = {"content-type": _JSON, "accept-encoding": "identity"}
+    if route.authorization:
+        headers["authorization"] = route.authorization
+    url = route.upstream_url + "/v1/chat/completions"
+    client = gateway.client
+    if not stream:
+        return await complete(gateway, caller, route, client, url, content, headers,
+                              request.receive)
+    return await open_stream(gateway, caller, route, client, url, content, headers,
+                             request.receive, client_usage)
+
+
+async def complete(gateway: Gateway, caller: Caller, route: Route, client: httpx.AsyncClient,
+                   url: str, content: bytes, headers: dict[str, str], receive: Receive) -> Response:
+    upstream = None
+    with anyio.CancelScope() as cancel:
+        watcher = start_watch(receive, cancel)
+        try:
+            upstream = await client.post(url, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            raise transport_error(gateway, exc) from None
+        finally:
+            watcher.cancel()
+    if upstream is None:  # the client went away: httpx closed the upstream connection
+        return Response(status_code=499)
+    if upstream.status_code != 200:
+        raise upstream_error(upstream.status_code, upstream.content, upstream.headers)
+    body = upstream.content
+    record_usage(gateway, caller, route, find_usage(body))
+    return Response(body, media_type=_JSON)
+
+
+async def open_stream(gateway: Gateway, caller: Caller, route: Route, client: httpx.AsyncClient,
+                      url: str, content: bytes, headers: dict[str, str], receive: Receive,
+                      client_usage: bool) -> Response:
+    request = client.build_request("POST", url, content=content, headers=headers)
+    upstream: httpx.Response | None = None
+    first: bytes | None = None
+    ok = False
+    try:
+        with anyio.CancelScope() as cancel:
+            watcher = start_watch(receive, cancel)
+            try:
+                upstream = await client.send(request, stream=True)
+                if upstream.status_code != 200:
+                    error = await upstream.aread()
+                    raise upstream_error(upstream.status_code, error, upstream.headers)
+                chunks = upstream.aiter_raw()
+                while not first:  # the first non-empty chunk, before any header goes out
+                    first = await chunks.__anext__()
+            except StopAsyncIteration:
+                raise APIError(502, "The model server closed the stream without answering",
+                               code="upstream_error", type="server_error") from None
+            except httpx.HTTPError as exc:
+                raise transport_error(gateway, exc) from None
+            finally:
+                watcher.cancel()
+        if cancel.cancelled_caught or upstream is None or first is None:
+            return Response(status_code=499)
+        if first.startswith(b'data: {"error"'):  # failed before generating: an HTTP error
+            try:
+                error = event_json(first[:event_end(first)] or first)["error"]
+                status = error.get("code") if isinstance(error, dict) else None
+            except (ValueError, TypeError, KeyError):
+                error, status = None, None
+            status = status if type(status) is int and 400 <= status < 600 else 502
+            raise upstream_error(status, json.dumps({"error": error}).encode())
+        ok = True
+        return SSEProxy(gateway, caller, route, upstream, chunks, first, client_usage)
+    finally:
+        if not ok and upstream is not None:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()

@@ -1,0 +1,133 @@
+"""Runs a deployment on its worker: the serving engine (vLLM with a DFlash speculative config,
+or the local CPU engine) on the allocated GPUs, health-checked, restarted with backoff when it
+crashes, stopped when the deployment is deleted, handed back when the worker shuts down."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import Any
+
+import httpx
+
+from app.db import session_scope
+from app.services.scheduling import schedule
+from app.services.state import DeploymentStatus, StaleJob, transition
+from app.settings import Settings
+from workers.lease import Heartbeat, Lease, LeaseLost
+from workers.readiness import free_port, wait_ready
+from workers.runner import Cancelled, JobContext, ShuttingDown, StageFailed
+from workers.runtimes import build_serve
+from workers.supervisor import ManagedProcess
+
+log = logging.getLogger(__name__)
+UNHEALTHY_CHECKS = 3  # consecutive failed health checks that count as a crash
+
+
+class GaveUp(Exception):
+    pass
+
+
+def _move(lease: Lease, to: DeploymentStatus, **kwargs: Any) -> None:
+    with session_scope() as session:
+        transition(session, lease.load(session), to, token=lease.token, **kwargs)
+
+
+def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[str, str]) -> str:
+    """Health-check until the engine crashes (returns why) or the deployment must stop (raises)."""
+    failures = 0
+    with httpx.Client(timeout=5, headers=headers) as client:
+        while True:
+            ctx.check()
+            if proc.poll() is not None:
+                return f"the engine exited with code {proc.poll()}"
+            try:
+                healthy = client.get(f"{base_url}/health").status_code == 200
+            except httpx.TransportError:
+                healthy = False
+            failures = 0 if healthy else failures + 1
+            if failures >= UNHEALTHY_CHECKS:
+                return f"{UNHEALTHY_CHECKS} health checks failed in a row"
+            ctx.heartbeat.cancel_requested.wait(ctx.settings.health_check_seconds)
+
+
+def serve_once(ctx: JobContext, name: str, api_key: str) -> str:
+    """Start the engine, wait until it is ready, mark the deployment ready, watch it. Returns
+    why it went down."""
+    port = free_port()
+    host = ctx.settings.worker_advertise_host
+    placed = ctx.spec.get("allocation") or {}
+    command = build_serve(ctx.spec, name, port=port, host="127.0.0.1" if host == "127.0.0.1" else "0.0.0.0",
+                          gpus=placed.get("verifier"), api_key=api_key)
+    proc = ctx.start(command)
+    try:
+        base_url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}
+        try:
+            wait_ready(ctx, proc, base_url, name, what="serving engine", log_path=ctx.paths.log,
+                       timeout=ctx.settings.verifier_ready_seconds, headers=headers)
+        except StageFailed as exc:
+            return str(exc)
+        _move(ctx.lease, DeploymentStatus.READY, message=f"ready on port {port}",
+              columns={"upstream_url": f"http://{host}:{port}"})
+        return monitor(ctx, proc, base_url, headers)
+    finally:
+        proc.stop(ctx.settings.cancel_grace_seconds)
+        ctx.finish(proc)
+
+
+def serve(ctx: JobContext, name: str, api_key: str, restarts: int) -> None:
+    """Serve until stopped; after each crash, restart after 2^n seconds (at most 60), up to
+    ``deployment_max_restarts`` times, then give up."""
+    while True:
+        why = serve_once(ctx, name, api_key)
+        restarts += 1
+        if restarts > ctx.settings.deployment_max_restarts:
+            raise GaveUp(f"{why}; gave up after {restarts - 1} restarts")
+        backoff = min(60.0, 2.0 ** restarts)
+        _move(ctx.lease, DeploymentStatus.STARTING, reason=f"{why}; restart {restarts} in {backoff:.0f} s",
+              columns={"restarts": restarts, "upstream_url": None})
+        deadline = time.monotonic() + backoff
+        while time.monotonic() < deadline:
+            ctx.check()
+            ctx.heartbeat.cancel_requested.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings, api_key: str) -> None:
+    heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
+                          lease_seconds=settings.lease_seconds)
+    with heartbeat:
+        ctx = JobContext(lease=lease, spec=deployment["spec"], settings=settings, heartbeat=heartbeat,
+                         secrets=[api_key])
+        ending: tuple[DeploymentStatus, dict[str, Any]] | None
+        try:
+            serve(ctx, deployment["name"], api_key, deployment["restarts"])
+            ending = None  # serve() only returns by raising
+        except Cancelled:
+            ending = DeploymentStatus.STOPPED, {"reason": "deleted by user", "columns": {"upstream_url": None}}
+        except ShuttingDown:
+            ending = DeploymentStatus.PENDING, {"reason": "worker shut down; waiting for a worker",
+                                                "columns": {"upstream_url": None}}
+        except GaveUp as exc:
+            ending = DeploymentStatus.FAILED, {"reason": str(exc), "columns": {"upstream_url": None}}
+        except (LeaseLost, StaleJob):
+            ending = None
+        except Exception as exc:
+            log.exception("deployment %s failed", lease.job_id)
+            ending = DeploymentStatus.FAILED, {"reason": f"internal error: {exc}",
+                                               "data": {"traceback": traceback.format_exc()},
+                                               "columns": {"upstream_url": None}}
+        finally:
+            ctx.close()
+        if ending is None:
+            log.warning("deployment %s: lease lost; another worker owns it now", lease.job_id)
+            return
+        to, kwargs = ending
+        with session_scope() as session:
+            row = lease.load(session)
+            if row.status == DeploymentStatus.STOPPING:  # a delete wins over any other ending
+                to, kwargs = DeploymentStatus.STOPPED, {"reason": "deleted by user",
+                                                        "columns": {"upstream_url": None}}
+            transition(session, row, to, token=lease.token, **kwargs)
+        with session_scope() as session:
+            schedule(session, settings)
