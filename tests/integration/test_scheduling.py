@@ -99,3 +99,25 @@ def test_cpu_capacity_is_the_number_of_concurrent_local_jobs(pg_api: Api, pg_job
     for job in jobs:
         assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
     assert allocations(pg_stack) == 0
+
+
+def test_plan_of_a_placed_vllm_job_uses_its_allocation(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+    """GET /plan shows the commands the worker will run, on the GPUs the scheduler assigned."""
+    import json
+
+    pg_stack.start_worker("gpu-box", SPECDECK_WORKER_GPUS="0,1,2,3")
+    blocker = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "3", tp=1, trainer=1)).json()
+    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
+    assert blocker["allocation"] == {"verifier": [0], "trainer": [1]}
+    assert job["allocation"] == {"verifier": [2], "trainer": [3]}
+    plan = pg_api.get(f"/api/jobs/{job['id']}/plan").json()
+    stages = {s["stage"]: s for s in plan["stages"]}
+    server, trainer = stages["starting_verifier"], stages["training"]
+    assert server["argv"][:2] == ["vllm", "serve"]
+    config = json.loads(server["argv"][server["argv"].index("--speculative-config") + 1])
+    assert config["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5, 8]
+    assert server["env"]["CUDA_VISIBLE_DEVICES"] == "2" and trainer["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+    argv = trainer["argv"]
+    assert argv[argv.index("--target-layer-ids") + 1:argv.index("--target-layer-ids") + 4] == ["2", "4", "5"]
+    for j in (blocker, job):
+        pg_api.wait_status(j["id"], {"succeeded"}, timeout=60)
