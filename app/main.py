@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.api import datasets, deployments, jobs, openai, secrets, service, workers
+from app.api import checkpoints, datasets, deployments, jobs, openai, secrets, service, workers
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, PrometheusMetrics
 from app.services.datasets import max_upload_body_bytes
@@ -16,7 +16,7 @@ def create_app() -> FastAPI:
     app = FastAPI(title="SpecDeck", version="0.1.0",
                   description="Train and serve DFlash speculative-decoding drafters.")
     install_error_handlers(app)
-    for module in (service, jobs, workers, datasets, secrets, deployments, openai):
+    for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        overrides={"/api/datasets": max_upload_body_bytes(settings)})

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     rekick_after_seconds: float = 30.0
     max_attempts: int = 3
     cancel_grace_seconds: float = 5.0
+    # The Hugging Face Hub endpoint for publishing (unset: huggingface_hub's default).
+    hf_endpoint: str | None = None
+
     # How long the hidden-states server or a serving engine may take to load and answer.
     verifier_ready_seconds: float = 900.0
 

@@ -46,6 +46,7 @@ class ShuttingDown(Exception):
 class PipelineStage:
     stage: Stage
     run: Callable[["JobContext"], None]
+    when: Callable[[dict[str, Any]], bool] = lambda spec: True  # does the job need it?
 
 
 @dataclass
@@ -173,6 +174,8 @@ FAILURES = [
      ("CUDA out of memory", "torch.OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")),
     ("data_error", "the dataset could not be read or prepared",
      ("JSONDecodeError", "DatasetGenerationError", "No valid samples", "empty preprocessed dataset")),
+    ("publish_failed", "publishing to the Hugging Face Hub failed (see the log)",
+     ("publish failed:",)),
     ("bad_configuration", "the command line or configuration was rejected",
      ("ValidationError", "Invalid value for", "No such option", "error: argument", "Usage:")),
 ]
@@ -224,6 +227,8 @@ def _run_stages(ctx: JobContext, settings: Settings) -> tuple[JobStatus, dict[st
     """Run every stage; return the status the job ends in (None: the lease is no longer ours)."""
     try:
         for stage in load_pipeline(settings.pipeline):
+            if not stage.when(ctx.spec):
+                continue
             ctx.check()
             ctx.set_stage(stage.stage)
             stage.run(ctx)

@@ -9,16 +9,18 @@ from celery import signals
 from sqlalchemy import select
 
 from app.db import session_scope
-from app.db.models import Deployment, Job
-from app.services.secrets import cipher
+from app.db.models import Checkpoint, Deployment, Job
+from app.services.secrets import HF_TOKEN, cipher
 from app.services import workers as registry
 from app.settings import get_settings
 from workers.celery_app import celery_app
 from workers.deployments import run_deployment
 from workers.gpus import detect_gpus
 from workers.lease import claim
+from workers.publish import MissingToken, prepare, record
 from workers.reconciler import Reconciler, reap_own_orphans
 from workers.runner import HOST, SHUTTING_DOWN, run_job
+from workers.supervisor import ManagedProcess, tail
 
 log = logging.getLogger(__name__)
 _reconciler: Reconciler | None = None
@@ -52,6 +54,33 @@ def run_deployment_task(deployment_id: str) -> None:
         deployment = {"name": row.name, "restarts": row.restarts,
                       "spec": {**row.spec, "allocation": row.allocation}}
     run_deployment(lease, deployment, settings, api_key)
+
+
+@celery_app.task(name="specdeck.publish_checkpoint", acks_late=True, ignore_result=True)
+def publish_checkpoint_task(checkpoint_id: str, repo_id: str, private: bool) -> None:
+    """Upload a checkpoint held on this worker; the outcome is recorded on the checkpoint."""
+    settings = get_settings()
+    work_dir = (settings.work_root / "publish" / checkpoint_id).resolve()
+    log_path = (settings.logs_root / f"{checkpoint_id}-publish.log").resolve()
+    try:
+        with session_scope() as session:
+            command = prepare(session, session.get(Checkpoint, checkpoint_id), repo_id,
+                              private=private, work_dir=work_dir, settings=settings)
+        token = command.env[HF_TOKEN]
+        proc = ManagedProcess(command.argv, env=command.env, log_path=log_path, job_id=checkpoint_id,
+                              secrets=[token], description=command.description)
+        code = proc.wait(lambda: SHUTTING_DOWN.is_set(), grace=settings.cancel_grace_seconds)
+        with session_scope() as session:
+            if code == 0:
+                record(session, checkpoint_id, work_dir, repo_id)
+                return
+            checkpoint = session.get(Checkpoint, checkpoint_id)
+            checkpoint.publish_status = "failed"
+            checkpoint.publish_error = tail(log_path, 5) or f"exited with code {code}"
+    except MissingToken as exc:
+        with session_scope() as session:
+            checkpoint = session.get(Checkpoint, checkpoint_id)
+            checkpoint.publish_status, checkpoint.publish_error = "failed", str(exc)
 
 
 @signals.worker_ready.connect

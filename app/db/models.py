@@ -155,7 +155,11 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    # Set by a publish to the Hugging Face Hub.
+    # The worker whose disk holds it (publishing runs there).
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    # Set by a publish to the Hugging Face Hub: "publishing", "published" or "failed".
+    publish_status: Mapped[str | None] = mapped_column(String(16))
+    publish_error: Mapped[str | None] = mapped_column(Text)
     hub_repo: Mapped[str | None] = mapped_column(String(200))
     hub_commit: Mapped[str | None] = mapped_column(String(64))
     hub_url: Mapped[str | None] = mapped_column(Text)

@@ -118,6 +118,24 @@ class CheckpointOut(BaseModel):
     metrics: dict[str, Any] | None
     is_best: bool
     created_at: datetime
+    publish_status: str | None
+    publish_error: str | None
+    hub_repo: str | None
+    hub_commit: str | None
+    hub_url: str | None
+    published_at: datetime | None
+
+
+class PublishRequest(Strict):
+    repo_id: str = Field(max_length=200)
+    private: bool = True
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        if not HF_REPO_ID.match(value):
+            raise ValueError("must be a Hugging Face repo id such as 'org/name'")
+        return value
 
 
 class StagePlanOut(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -27,10 +28,14 @@ def kick(session: Session, obj: Job | Deployment, queue: str) -> None:
 
 
 def send_run_job(ident: str, queue: str, task: str = RUN_JOB_TASK) -> None:
+    send(task, [ident], queue)
+
+
+def send(task: str, args: list[Any], queue: str) -> None:
     from workers.celery_app import get_celery
 
     try:
-        get_celery().send_task(task, args=[ident], queue=queue)
+        get_celery().send_task(task, args=args, queue=queue)
     except Exception:  # the broker is down: the row is committed and the reconciler re-kicks it
-        log.warning("could not send %s for %s; the reconciler will re-kick it", task, ident,
+        log.warning("could not send %s%s; the reconciler will re-kick it", task, args,
                     exc_info=True)

@@ -1,9 +1,14 @@
-"""End-to-end helpers."""
+"""End-to-end helpers and fixtures."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
+
+import pytest
+
+from tests.conftest import Api, Stack
 
 
 
@@ -29,3 +34,15 @@ def job_processes(job_id: str) -> list[int]:
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
     return found
+
+
+@pytest.fixture
+def demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
+    """The demo verifier under the models root and the demo conversations uploaded."""
+    model, data = demo_assets
+    shutil.copytree(model, pg_stack.models_root / "demo", dirs_exist_ok=True)
+    with data.open("rb") as f:
+        created = pg_api.post("/api/datasets", files={"file": ("demo.jsonl", f, "application/jsonl")},
+                              data={"name": "demo"})
+    assert created.status_code in (200, 201), created.text
+    return {"verifier": "demo", "dataset": created.json()["id"]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -24,18 +23,6 @@ REAL_PIPELINE = {"SPECDECK_PIPELINE": "workers.pipeline:PIPELINE",
                  "SPECDECK_LEASE_SECONDS": "15", "SPECDECK_HEARTBEAT_SECONDS": "1"}
 # CPU-sized DFlash settings (dflash-facts.md section 3).
 CPU_SPECULATOR = {"block_size": 8, "max_anchors": 32, "total_seq_len": 512}
-
-
-@pytest.fixture
-def demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
-    """The demo verifier under the models root and the demo conversations uploaded."""
-    model, data = demo_assets
-    shutil.copytree(model, pg_stack.models_root / "demo", dirs_exist_ok=True)
-    with data.open("rb") as f:
-        created = pg_api.post("/api/datasets", files={"file": ("demo.jsonl", f, "application/jsonl")},
-                              data={"name": "demo"})
-    assert created.status_code in (200, 201), created.text
-    return {"verifier": "demo", "dataset": created.json()["id"]}
 
 
 def submit(api: Api, demo: dict[str, str], epochs: int) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.services.state import Stage
 from workers.pipeline.data import prepare_data
+from workers.pipeline.publishing import publish
 from workers.pipeline.training import train
 from workers.pipeline.verifier import start_verifier
 from workers.runner import PipelineStage
@@ -12,4 +13,5 @@ PIPELINE: list[PipelineStage] = [
     PipelineStage(Stage.STARTING_VERIFIER, start_verifier),
     PipelineStage(Stage.PREPARING_DATA, prepare_data),
     PipelineStage(Stage.TRAINING, train),
+    PipelineStage(Stage.PUBLISHING, publish, when=lambda spec: bool(spec.get("publish"))),
 ]

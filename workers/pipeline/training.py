@@ -31,13 +31,14 @@ def latest_epoch(save_path: Path) -> int | None:
     return epochs[-1] if epochs else None
 
 
-def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str,
+def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str, worker_id: str,
                       best: bool | None = None) -> None:
     row = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
                                                    Checkpoint.epoch == epoch)).first()
     if row is None:
         row = Checkpoint(job_id=job_id, epoch=epoch, path=path)
         session.add(row)
+    row.worker_id = worker_id
     metrics_file = Path(path) / "val_metrics.json"
     if metrics_file.is_file():
         row.metrics = json.loads(metrics_file.read_text())
@@ -67,18 +68,18 @@ class ProgressRecorder:
             self.record(record)
 
     def record(self, record: object) -> None:
-        ctx, job_id = self.ctx, self.ctx.job_id
+        ctx, job_id, owner = self.ctx, self.ctx.job_id, self.ctx.lease.owner
         save_path = ctx.paths.checkpoints
         match record:
             case EpochEvent(phase="train", status=status, epoch=epoch, num_epochs=total):
                 ctx.event("epoch", f"training epoch {epoch + 1}/{total} {status}",
                           {"epoch": epoch, "status": status})
             case CheckpointSaved(path=path) if record.epoch is not None:
-                ctx.write(lambda s: upsert_checkpoint(s, job_id, record.epoch, path))
+                ctx.write(lambda s: upsert_checkpoint(s, job_id, record.epoch, path, owner))
                 ctx.event("checkpoint", f"checkpoint for epoch {record.epoch} saved", {"path": path})
             case BestCheckpointUpdated(epoch=epoch, val_loss=loss):
                 path = str(save_path / str(epoch))
-                ctx.write(lambda s: upsert_checkpoint(s, job_id, epoch, path, best=True))
+                ctx.write(lambda s: upsert_checkpoint(s, job_id, epoch, path, owner, best=True))
                 ctx.event("checkpoint", f"best checkpoint is now epoch {epoch} "
                           f"(val loss {loss:.4f})", {"epoch": epoch, "val_loss": loss})
             case TrainingResumed(epoch=epoch):
@@ -100,7 +101,7 @@ def sync_checkpoints(ctx: JobContext) -> None:
     def write(session: Session) -> None:
         for epoch in epochs:
             upsert_checkpoint(session, ctx.job_id, epoch, str(save_path / str(epoch)),
-                              best=epoch == best)
+                              ctx.lease.owner, best=epoch == best)
 
     ctx.write(write)
 

@@ -1,0 +1,117 @@
+"""A demo job that publishes its best checkpoint to the Hugging Face Hub, for real through
+`huggingface_hub`, against the HubDouble test double (the Hub cannot be reached from here).
+The token must never show in argv (/proc/*/cmdline), in a log file or in an API response."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Api, Stack
+from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
+from tests.integration.test_dispatch import wait_for
+from tests.support.hub_double import HubDouble
+
+pytestmark = pytest.mark.slow
+TOKEN = "hf_e2eSecretTokenValue0123456789abcd"
+REPO = "specdeck/demo-dflash"
+
+
+class CmdlineWatcher(threading.Thread):
+    """Scans every process's command line, all the time, for the token."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.hits: list[str] = []
+        self.scans = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        needle = TOKEN.encode()
+        while not self.stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    if needle in cmdline.read_bytes():
+                        self.hits.append(str(cmdline))
+                except OSError:
+                    continue
+            self.scans += 1
+            self.stop.wait(0.02)  # keep scanning often, without starving the test of the GIL
+
+
+def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_stack: Stack, demo) -> None:
+    watcher = CmdlineWatcher()
+    watcher.start()
+    responses: list[str] = []
+    with HubDouble(token=TOKEN) as hub:
+        pg_stack.start_worker("publisher", **REAL_PIPELINE, SPECDECK_HF_ENDPOINT=hub.url,
+                              HF_ENDPOINT=hub.url)
+        put = pg_api.client.put("/api/secrets/HF_TOKEN", json={"value": TOKEN}, headers=pg_api.headers())
+        responses.append(put.text)
+        created = pg_api.post("/api/jobs", json={**demo, "runtime": "local", "publish": REPO,
+                                                 "speculator": {**CPU_SPECULATOR, "epochs": 1}})
+        responses.append(created.text)
+        job = pg_api.wait_status(created.json()["id"], {"succeeded", "failed"}, timeout=600)
+        assert job["status"] == "succeeded", (job, pg_api.get(f"/api/jobs/{job['id']}/logs").text)
+
+        files = hub.files(REPO)
+        assert set(files) >= {"config.json", "model.safetensors", "README.md"}
+        assert not {f for f in files if "optimizer" in f or "scheduler" in f}
+        [best] = [c for c in pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"] if c["is_best"]]
+        assert files["model.safetensors"] == (Path(best["path"]) / "model.safetensors").read_bytes()
+        card = files["README.md"].decode()
+        assert '"method": "dflash"' in card and REPO in card and "2, 4, 5" in card
+        assert hub.repo(REPO)["private"] is True
+        commits = len(hub.commits(REPO))
+        assert best["publish_status"] == "published" and best["hub_commit"]
+        events = pg_api.events(job["id"])
+        assert any(e["kind"] == "published" for e in events)
+
+        # Publishing again with nothing changed makes no new commit.
+        again = pg_api.post(f"/api/checkpoints/{best['id']}/publish", json={"repo_id": REPO})
+        assert again.status_code == 202, again.text
+        responses.append(again.text)
+        done = wait_for(lambda: (c := pg_api.get(f"/api/checkpoints/{best['id']}").json())
+                        ["publish_status"] != "publishing" and c, 120, "the second publish")
+        responses.append(str(done))
+        assert done["publish_status"] == "published", done
+        assert done["hub_commit"] == best["hub_commit"]
+        assert len(hub.commits(REPO)) == commits
+
+        # Every response, log and request the double saw (but the Authorization header).
+        for extra in ("/api/secrets", f"/api/jobs/{job['id']}", f"/api/jobs/{job['id']}/events",
+                      f"/api/jobs/{job['id']}/logs", f"/api/checkpoints/{best['id']}"):
+            responses.append(pg_api.get(extra).text)
+        assert TOKEN not in hub.transcript()
+    watcher.stop.set()
+    watcher.join()
+    assert watcher.scans > 10 and watcher.hits == []
+    assert all(TOKEN not in text for text in responses)
+    logs = [p for root in (pg_stack.env["SPECDECK_LOGS_ROOT"], pg_stack.env["SPECDECK_WORK_ROOT"])
+            for p in Path(root).rglob("*") if p.is_file() and p.suffix in (".log", ".txt", ".json", ".md")]
+    assert logs and all(TOKEN not in p.read_text(errors="replace") for p in logs)
+    assert all(TOKEN not in w.log.read_text() for w in pg_stack.workers)
+
+
+def test_publish_needs_the_token_secret(pg_api: Api, pg_stack: Stack) -> None:
+    from app.db import session_scope
+    from app.db.models import Checkpoint
+    from tests.conftest import write_dataset, write_verifier
+    from tests.integration.test_jobs_api import assert_error
+
+    job = pg_api.post("/api/jobs", json={"verifier": write_verifier(pg_stack.models_root),
+                                         "dataset": write_dataset(pg_stack.data_root)}).json()
+    with session_scope() as session:
+        checkpoint = Checkpoint(job_id=job["id"], epoch=0, path="/nowhere", is_best=True)
+        session.add(checkpoint)
+        session.flush()
+        checkpoint_id = checkpoint.id
+    assert_error(pg_api.post(f"/api/checkpoints/{checkpoint_id}/publish", json={"repo_id": REPO}),
+                 422, "missing_secret", "HF_TOKEN")
+    pg_api.client.put("/api/secrets/HF_TOKEN", json={"value": TOKEN}, headers=pg_api.headers())
+    assert_error(pg_api.post(f"/api/checkpoints/{checkpoint_id}/publish", json={"repo_id": REPO}),
+                 409, "checkpoint_offline")
+    assert_error(pg_api.post(f"/api/checkpoints/{checkpoint_id}/publish", json={"repo_id": "bad id"}),
+                 422, "invalid_value", "repo_id")
