@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import ROOT, SPECDECK
 from tests.e2e.conftest import free_port, job_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def readme_job_body() -> dict:
