@@ -40,6 +40,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -84,6 +85,7 @@ logger = logging.getLogger("specdeck.local.engine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FinishReason = Literal["stop", "length"]
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
 def resolve_drafter_dir(path: str | os.PathLike[str]) -> Path:
@@ -113,9 +115,15 @@ def resolve_drafter_dir(path: str | os.PathLike[str]) -> Path:
             snapshot = candidates[0]
         if (snapshot / "config.json").is_file():
             return snapshot
+    if not root.exists() and HUB_ID.match(str(path)):
+        # A Hub id: huggingface_hub downloads it, or finds it in its cache (HF_HUB_CACHE;
+        # with HF_HUB_OFFLINE=1 only there). The token, if any, comes from HF_TOKEN.
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
     raise FileNotFoundError(
-        f"no drafter at {root}: expected a config.json, a checkpoint_best link or a Hub "
-        "snapshot layout (refs/main, snapshots/<commit>/config.json)"
+        f"no drafter at {root}: expected a Hub id, a config.json, a checkpoint_best link or a "
+        "Hub snapshot layout (refs/main, snapshots/<commit>/config.json)"
     )
 
 
