@@ -78,7 +78,26 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class Job(Base):
+class Leased:
+    """What a worker holds a lease on (jobs, deployments): the lease, the process groups it
+    runs and their host (for reaping), where the scheduler placed it, and its times."""
+
+    lock_owner: Mapped[str | None] = mapped_column(String(255))
+    lock_token: Mapped[str | None] = mapped_column(String(64))
+    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    pgids: Mapped[list[int] | None] = mapped_column(JSON)
+    pgid_host: Mapped[str | None] = mapped_column(String(255))
+    kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A worker and its GPU indices (or a CPU slot).
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    allocation: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Job(Leased, Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("project_id", "idempotency_key", name="uq_jobs_project_idempotency_key"),
@@ -98,22 +117,6 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
-
-    lock_owner: Mapped[str | None] = mapped_column(String(255))
-    lock_token: Mapped[str | None] = mapped_column(String(64))
-    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # The process groups the job runs now (server, trainer) and their host, for reaping.
-    pgids: Mapped[list[int] | None] = mapped_column(JSON)
-    pgid_host: Mapped[str | None] = mapped_column(String(255))
-    kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Where the scheduler placed the job: a worker and its GPU indices (or a CPU slot).
-    worker_id: Mapped[str | None] = mapped_column(String(255))
-    allocation: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
-
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class JobEvent(Base):
@@ -166,7 +169,7 @@ class Checkpoint(Base):
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class Deployment(Base):
+class Deployment(Leased, Base):
     """A served drafter: a verifier with a DFlash speculative config, behind the gateway."""
 
     __tablename__ = "deployments"
@@ -184,18 +187,6 @@ class Deployment(Base):
     api_key_ciphertext: Mapped[str | None] = mapped_column(Text)  # the upstream's internal key
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
-    lock_owner: Mapped[str | None] = mapped_column(String(255))
-    lock_token: Mapped[str | None] = mapped_column(String(64))
-    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    pgids: Mapped[list[int] | None] = mapped_column(JSON)
-    pgid_host: Mapped[str | None] = mapped_column(String(255))
-    kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    worker_id: Mapped[str | None] = mapped_column(String(255))
-    allocation: Mapped[dict[str, list[int]] | None] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class DeploymentEvent(Base):
