@@ -33,26 +33,37 @@ not ask for it) and is recorded per key in batches.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
 
-import anyio
-import httpx
 from fastapi import APIRouter, Request, Response
 from starlette.types import Receive, Scope, Send
 
 from app.errors import APIError, error_body
 from app.middleware import BodyTooLarge
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
-from app.services.gateway import Caller, Gateway, Route, gateway_lifespan, get_gateway
+from app.services.gateway import (
+    Caller,
+    ClientGone,
+    ClientWatch,
+    Gateway,
+    ProjectRoutes,
+    Route,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+    gateway_lifespan,
+    get_gateway,
+)
 from app.services.state import DeploymentStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"], lifespan=gateway_lifespan)
 
 _WWW_AUTH = {"WWW-Authenticate": "Bearer"}
 _NOT_READY = frozenset({DeploymentStatus.PENDING.value, DeploymentStatus.STARTING.value})
+_ROUTABLE = _NOT_READY | {DeploymentStatus.READY.value}
 _JSON = "application/json"
 _decoder = json.JSONDecoder()
 
@@ -66,7 +77,10 @@ async def authenticate(request: Request, gateway: Gateway) -> Caller:
                        code="missing_api_key", headers=_WWW_AUTH)
     scheme, _, token = header.partition(" ")
     token = token.strip()
-    caller = await gateway.caller(token) if token and scheme.lower() == "bearer" else None
+    try:
+        caller = await gateway.caller(token) if token and scheme.lower() == "bearer" else None
+    except Exception:  # the database is unreachable and the key is not cached: logged by the cache
+        raise unavailable(gateway) from None
     if caller is None:
         raise APIError(401, "Invalid API key", code="invalid_api_key", headers=_WWW_AUTH)
     if gateway.limiter.enabled:
@@ -78,15 +92,29 @@ async def authenticate(request: Request, gateway: Gateway) -> Caller:
     return caller
 
 
+def unavailable(gateway: Gateway) -> APIError:
+    return APIError(503, "The gateway cannot reach its database; retry shortly",
+                    code="service_unavailable",
+                    headers={"Retry-After": gateway.unavailable_retry_after})
+
+
+async def routes_of(gateway: Gateway, caller: Caller) -> ProjectRoutes:
+    try:
+        return await gateway.project_routes(caller.project_id)
+    except Exception:  # the database is unreachable and the project is not cached
+        raise unavailable(gateway) from None
+
+
 async def resolve(gateway: Gateway, caller: Caller, model: str) -> Route:
-    route = (await gateway.project_routes(caller.project_id)).by_name.get(model)
-    if route is None or route.status not in (_NOT_READY | {DeploymentStatus.READY.value}):
+    route = (await routes_of(gateway, caller)).by_name.get(model)
+    if route is None or route.status not in _ROUTABLE:
         raise APIError(404, f"The model '{model}' does not exist or is not deployed",
                        code="model_not_found", param="model")
     if route.status in _NOT_READY:
         raise APIError(503, f"The model '{model}' is starting; retry shortly",
-                       code="model_not_ready", headers={"Retry-After": gateway.starting_retry_after})
-    if not route.upstream_url or route.authorization == "":
+                       code="model_not_ready",
+                       headers={"Retry-After": gateway.starting_retry_after})
+    if route.target is None or route.head is None:
         raise APIError(503, f"The model '{model}' is not reachable right now",
                        code="upstream_unavailable",
                        headers={"Retry-After": gateway.unavailable_retry_after})
@@ -127,43 +155,29 @@ def check_request(body: Any, cap: int) -> tuple[str, bool]:
     return model, stream
 
 
-def upstream_body(raw: bytes, body: dict[str, Any], stream: bool, cap: int) -> tuple[bytes, bool]:
-    """The body to forward: the client's bytes, plus ``max_tokens`` (the cap) when it set no limit
-    and, when streaming, ``stream_options.include_usage``. Also: did the client ask for usage?"""
-    add: list[bytes] = []
-    rewrite = False
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        if "max_tokens" in body:  # an explicit null: rewrite rather than duplicate the key
-            rewrite = True
-        else:
-            add.append(b'"max_tokens":%d' % cap)
-    client_usage = False
-    if stream:
-        options = body.get("stream_options")
-        if options is None:
-            if "stream_options" in body:
-                rewrite = True
-            else:
-                add.append(b'"stream_options":{"include_usage":true}')
-        else:
-            client_usage = bool(options.get("include_usage"))
-            rewrite = rewrite or not client_usage
-    if rewrite:
-        body = dict(body)
-        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-            body["max_tokens"] = cap
-        if stream:
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        return json.dumps(body, separators=(",", ":")).encode(), client_usage
-    if add:
+def upstream_body(raw: bytes, body: dict[str, Any], stream: bool) -> tuple[bytes, bool]:
+    """The body to forward: the client's bytes, with ``stream_options.include_usage`` added when
+    streaming (to record usage). Also: did the client ask for usage itself?
+
+    An omitted ``max_tokens`` is left to the engine: a default of the gateway's cap would be
+    refused by a model whose context has less room than that (vLLM and the local engine answer
+    400 when prompt + max_tokens is over the context length)."""
+    if not stream:
+        return raw, False
+    options = body.get("stream_options")
+    if options is None and "stream_options" not in body:
         stripped = raw.rstrip()  # a JSON object with at least "model": ends with "}"
-        return stripped[:-1] + b"," + b",".join(add) + b"}", client_usage
-    return raw, client_usage
+        return stripped[:-1] + b',"stream_options":{"include_usage":true}}', False
+    client_usage = bool(options and options.get("include_usage"))
+    if client_usage:
+        return raw, True
+    body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
+    return json.dumps(body, separators=(",", ":")).encode(), False
 
 
 # --- upstream errors ---------------------------------------------------------------------------
 
-def upstream_error(status: int, content: bytes, headers: httpx.Headers | None = None) -> APIError:
+def upstream_error(status: int, content: bytes, retry_after: str | None = None) -> APIError:
     """An upstream's non-200 answer as the gateway's error (never leaking the upstream's key)."""
     if status in (401, 403):
         return APIError(502, "The model server refused the gateway's credentials",
@@ -189,18 +203,17 @@ def upstream_error(status: int, content: bytes, headers: httpx.Headers | None = 
         pass
     extra = None
     if status == 429:
-        retry = headers.get("retry-after") if headers is not None else None
-        extra = {"Retry-After": retry or "1"}
+        extra = {"Retry-After": retry_after or "1"}
         code = code or "rate_limit_exceeded"
     return APIError(status, message, code=code, param=param, type=type_, headers=extra)
 
 
-def transport_error(gateway: Gateway, exc: Exception) -> APIError:
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+def transport_error(gateway: Gateway, exc: UpstreamError) -> APIError:
+    if isinstance(exc, UpstreamConnectError):
         return APIError(503, "The model server is not reachable; retry shortly",
                         code="upstream_unavailable",
                         headers={"Retry-After": gateway.unavailable_retry_after})
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, UpstreamTimeout):
         return APIError(504, "The model server did not answer in time", code="upstream_timeout",
                         type="server_error")
     return APIError(502, f"The model server failed: {type(exc).__name__}", code="upstream_error",
@@ -231,21 +244,6 @@ def record_usage(gateway: Gateway, caller: Caller, route: Route, usage: Any) -> 
                           completion if type(completion) is int else 0)
 
 
-# --- disconnects -------------------------------------------------------------------------------
-
-async def watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    """Cancel ``scope`` when the client goes away (call once the request body has been read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
-
-
-def start_watch(receive: Receive, scope: anyio.CancelScope) -> asyncio.Task[None]:
-    return asyncio.get_running_loop().create_task(watch_disconnect(receive, scope))
-
-
 # --- streaming ---------------------------------------------------------------------------------
 
 _EVENT_SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
@@ -273,35 +271,31 @@ def sse_error(message: str, code: str) -> bytes:
 class SSEProxy(Response):
     """Relays an upstream SSE stream whose first chunk has been read already."""
 
-    def __init__(self, gateway: Gateway, caller: Caller, route: Route, upstream: httpx.Response,
-                 chunks: Any, first: bytes, client_usage: bool) -> None:
+    def __init__(self, gateway: Gateway, caller: Caller, route: Route,
+                 upstream: UpstreamResponse, watch: ClientWatch, first: bytes,
+                 client_usage: bool) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                             (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         self.gateway, self.caller, self.route = gateway, caller, route
-        self.upstream, self.chunks, self.first = upstream, chunks, first
+        self.upstream, self.watch, self.first = upstream, watch, first
         self.client_usage = client_usage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            with anyio.CancelScope() as cancel:
-                watcher = start_watch(receive, cancel)
-                try:
-                    last = await self.relay(send)
-                finally:
-                    watcher.cancel()
-            if not cancel.cancelled_caught:
+            last = await self.relay(send)
+            if last is not None:
                 await send({"type": "http.response.body", "body": last, "more_body": False})
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.upstream.aclose()  # on a disconnect: closes the upstream connection
+            self.watch.stop()
+            self.upstream.close()  # before the end (a disconnect): aborts the upstream request
 
-    async def relay(self, send: Send) -> bytes:
-        """Send every event as it comes; return what ends the stream."""
+    async def relay(self, send: Send) -> bytes | None:
+        """Send the events as they come; return what ends the stream (None: the client left)."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         pending, chunk, done = b"", self.first, False
-        chunks = self.chunks
+        next_chunk = self.upstream.next_chunk
         while True:
             data = pending + chunk if pending else chunk
             end = event_end(data)
@@ -316,12 +310,14 @@ class SSEProxy(Response):
             else:
                 pending = data
             try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                break
-            except httpx.HTTPError as exc:
+                chunk = await next_chunk()
+            except ClientGone:
+                return None
+            except UpstreamError as exc:
                 return sse_error(f"The model server failed mid-stream ({type(exc).__name__})",
                                  "upstream_error")
+            if chunk is None:
+                break
         tail = pending + b"\n\n" if pending.strip() else b""
         if tail and b'"usage":' in tail:
             tail = self.take_usage(tail)
@@ -355,7 +351,7 @@ class SSEProxy(Response):
 async def list_models(request: Request) -> ModelList:
     gateway = get_gateway(request.app)
     caller = await authenticate(request, gateway)
-    routes = await gateway.project_routes(caller.project_id)
+    routes = await routes_of(gateway, caller)
     return ModelList(data=[Model(id=r.name, created=r.created, owned_by="specdeck")
                            for r in routes.ready])
 
@@ -364,7 +360,7 @@ async def list_models(request: Request) -> ModelList:
 async def retrieve_model(model: str, request: Request) -> Model:
     gateway = get_gateway(request.app)
     caller = await authenticate(request, gateway)
-    route = (await gateway.project_routes(caller.project_id)).by_name.get(model)
+    route = (await routes_of(gateway, caller)).by_name.get(model)
     if route is None or route.status != DeploymentStatus.READY.value:
         raise APIError(404, f"The model '{model}' does not exist or is not deployed",
                        code="model_not_found", param="model")
@@ -386,69 +382,50 @@ async def chat_completions(request: Request) -> Response:
         body = json.loads(raw)
     except ValueError:
         raise invalid("The request body is not valid JSON", None, "invalid_json") from None
-    cap = gateway.max_tokens
-    model, stream = check_request(body, cap)
+    model, stream = check_request(body, gateway.max_tokens)
     route = await resolve(gateway, caller, model)
-    content, client_usage = upstream_body(raw, body, stream, cap)
-    headers = {"content-type": _JSON, "accept-encoding": "identity"}
-    if route.authorization:
-        headers["authorization"] = route.authorization
-    url = route.upstream_url + "/v1/chat/completions"
-    client = gateway.client
+    content, client_usage = upstream_body(raw, body, stream)
     if not stream:
-        return await complete(gateway, caller, route, client, url, content, headers,
-                              request.receive)
-    return await open_stream(gateway, caller, route, client, url, content, headers,
-                             request.receive, client_usage)
+        return await complete(gateway, caller, route, content, request.receive)
+    return await open_stream(gateway, caller, route, content, request.receive, client_usage)
 
 
-async def complete(gateway: Gateway, caller: Caller, route: Route, client: httpx.AsyncClient,
-                   url: str, content: bytes, headers: dict[str, str], receive: Receive) -> Response:
-    upstream = None
-    with anyio.CancelScope() as cancel:
-        watcher = start_watch(receive, cancel)
-        try:
-            upstream = await client.post(url, content=content, headers=headers)
-        except httpx.HTTPError as exc:
-            raise transport_error(gateway, exc) from None
-        finally:
-            watcher.cancel()
-    if upstream is None:  # the client went away: httpx closed the upstream connection
-        return Response(status_code=499)
-    if upstream.status_code != 200:
-        raise upstream_error(upstream.status_code, upstream.content, upstream.headers)
-    body = upstream.content
+async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
+                   receive: Receive) -> Response:
+    upstream: UpstreamResponse | None = None
+    watch = ClientWatch(receive)
+    try:
+        upstream = await gateway.client.send(route.target, route.head, content, watch)  # type: ignore[arg-type]
+        body = await upstream.read()
+    except ClientGone:
+        return Response(status_code=499)  # nobody is left to read it
+    except UpstreamError as exc:
+        raise transport_error(gateway, exc) from None
+    finally:
+        watch.stop()
+        if upstream is not None:
+            upstream.close()  # a no-op once read to the end; else aborts the upstream request
+    if upstream.status != 200:
+        raise upstream_error(upstream.status, body, upstream.header(b"retry-after"))
     record_usage(gateway, caller, route, find_usage(body))
     return Response(body, media_type=_JSON)
 
 
-async def open_stream(gateway: Gateway, caller: Caller, route: Route, client: httpx.AsyncClient,
-                      url: str, content: bytes, headers: dict[str, str], receive: Receive,
-                      client_usage: bool) -> Response:
-    request = client.build_request("POST", url, content=content, headers=headers)
-    upstream: httpx.Response | None = None
+async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,
+                      receive: Receive, client_usage: bool) -> Response:
+    upstream: UpstreamResponse | None = None
+    watch = ClientWatch(receive)
     first: bytes | None = None
-    ok = False
     try:
-        with anyio.CancelScope() as cancel:
-            watcher = start_watch(receive, cancel)
-            try:
-                upstream = await client.send(request, stream=True)
-                if upstream.status_code != 200:
-                    error = await upstream.aread()
-                    raise upstream_error(upstream.status_code, error, upstream.headers)
-                chunks = upstream.aiter_raw()
-                while not first:  # the first non-empty chunk, before any header goes out
-                    first = await chunks.__anext__()
-            except StopAsyncIteration:
+        upstream = await gateway.client.send(route.target, route.head, content, watch)  # type: ignore[arg-type]
+        if upstream.status != 200:
+            error = await upstream.read()
+            raise upstream_error(upstream.status, error, upstream.header(b"retry-after"))
+        while not first:  # the first non-empty chunk, before any header goes out
+            first = await upstream.next_chunk()
+            if first is None:
                 raise APIError(502, "The model server closed the stream without answering",
-                               code="upstream_error", type="server_error") from None
-            except httpx.HTTPError as exc:
-                raise transport_error(gateway, exc) from None
-            finally:
-                watcher.cancel()
-        if cancel.cancelled_caught or upstream is None or first is None:
-            return Response(status_code=499)
+                               code="upstream_error", type="server_error")
         if first.startswith(b'data: {"error"'):  # failed before generating: an HTTP error
             try:
                 error = event_json(first[:event_end(first)] or first)["error"]
@@ -457,9 +434,20 @@ async def open_stream(gateway: Gateway, caller: Caller, route: Route, client: ht
                 error, status = None, None
             status = status if type(status) is int and 400 <= status < 600 else 502
             raise upstream_error(status, json.dumps({"error": error}).encode())
-        ok = True
-        return SSEProxy(gateway, caller, route, upstream, chunks, first, client_usage)
-    finally:
-        if not ok and upstream is not None:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
+    except ClientGone:
+        watch.stop()
+        if upstream is not None:
+            upstream.close()
+        return Response(status_code=499)
+    except UpstreamError as exc:
+        watch.stop()
+        if upstream is not None:
+            upstream.close()
+        raise transport_error(gateway, exc) from None
+    except BaseException:
+        watch.stop()
+        if upstream is not None:
+            upstream.close()
+        raise
+    # From here the response owns the watch and the upstream response (and closes both).
+    return SSEProxy(gateway, caller, route, upstream, watch, first, client_usage)

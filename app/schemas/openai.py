@@ -2,8 +2,8 @@
 
 The chat completion body is not parsed into ``ChatCompletionRequest`` on the request path: the
 gateway reads the few fields it enforces from the JSON and forwards the body unchanged (plus
-``max_tokens`` and ``stream_options`` when it adds them), so every field the upstream accepts
-(vLLM's sampling extensions too) passes through.
+``stream_options.include_usage`` when streaming), so every field the upstream accepts (vLLM's
+sampling extensions too) passes through.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Model(BaseModel):
-    id: str = Field(description="The served model name: a ready deployment of the caller's project.")
+    id: str = Field(description="The served model name (a ready deployment of the caller's "
+                    "project).")
     object: Literal["model"] = "model"
     created: int
     owned_by: str
@@ -41,6 +42,5 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = Field(None, description="Only 1 is supported.")
     max_tokens: int | None = Field(None, ge=1, description="At most SPECDECK_GATEWAY_MAX_TOKENS "
-                                   "(4096 by default), which is also what the gateway sends when "
-                                   "neither this nor max_completion_tokens is given.")
-    max_completion_tokens: int | None = Field(None, ge=1)
+                                   "(4096 by default); when omitted, the engine decides.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="As max_tokens.")

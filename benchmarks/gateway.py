@@ -1,0 +1,487 @@
+"""Gateway overhead: what the OpenAI-compatible gateway adds in front of a model server.
+
+Side by side in one run, against the same fast OpenAI-compatible upstream
+(``tests/support/upstream.py`` as its own process: fixed tokens, usage, nothing else, so the
+proxies are what is measured):
+
+* direct: the upstream itself;
+* specdeck: a real ``specdeck api`` (Postgres; a key, a project and a ready deployment row pointing
+  at the upstream, with its encrypted internal key): auth, rate limit, routing, usage recording;
+* litellm: LiteLLM's proxy (``litellm --config``, a master key, the same upstream as an
+  ``openai/`` model), if it is installed (see below); skipped with a message otherwise.
+
+Latency: requests one at a time over one keep-alive connection per target, measured by a lean
+asyncio HTTP/1.1 client (so the client adds little noise): non-streaming (8 tokens), streaming
+(time to the first chunk and to the end of the stream). Added latency = percentile(target) -
+percentile(direct). Two orders: ``--block`` (50) requests in a row per target, after 3 that are
+not counted, the targets taken in turn (so that drifts in load hit them alike), as under steady
+traffic; and one request per target in turn, where every request finds the processes idle (in a
+VM an idle vCPU halts, and waking it costs; a proxy has two processes to wake).
+
+Throughput: N concurrent keep-alive connections sending streaming requests for a few seconds,
+per target in turn, a few rounds (median). Two upstreams:
+
+* paced: 16 chunks 5 ms apart (200 chunks/s per stream: faster than a real engine, which sends a
+  chunk per step, 10-20 ms for an 8B model): the upstream's pace bounds the throughput, as a GPU
+  does, and the question is whether the proxy keeps up with it;
+* unpaced: 8 chunks with no pause at all, everything CPU-bound on the same cores (the client, the
+  proxy and the upstream compete for them): what a request costs the proxy in CPU.
+
+Targets: added p50 <= 1 ms, >= 90 % of the direct throughput, below LiteLLM's added latency.
+
+LiteLLM is not a SpecDeck dependency (``litellm[proxy]`` pins versions of openai, fastapi and
+huggingface_hub that the project does not use): install it in a venv of its own,
+
+    python3 -m venv var/litellm-venv && var/litellm-venv/bin/pip install 'litellm[proxy]'
+
+and the script finds ``var/litellm-venv/bin/litellm`` (or ``--litellm PATH``, or ``litellm`` on
+the PATH).
+
+    .venv/bin/python benchmarks/gateway.py [--quick] [--requests N] [--concurrency N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _stack import (  # noqa: E402
+    HOST,
+    ROOT,
+    Processes,
+    base_env,
+    create_key,
+    exit_on_sigterm,
+    free_port,
+    load,
+    machine,
+    percentile,
+    postgres_database,
+    roots,
+    specdeck,
+    table,
+)
+
+TARGET_ADDED_P50 = 0.001  # seconds
+TARGET_THROUGHPUT = 0.90
+UPSTREAM_KEY = "bench-upstream-key"
+LITELLM_KEY = "sk-bench-litellm-master"
+MODEL, PACED = "bench", "bench-paced"
+TOKENS, PACED_TOKENS, PACE = 8, 16, 0.005
+PROMPT = [{"role": "user", "content": "Measure the gateway, not the model."}]
+
+
+# --- a lean HTTP/1.1 client --------------------------------------------------------------------
+
+class Connection:
+    """One keep-alive connection; just enough HTTP/1.1 (Content-Length and chunked bodies)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+    async def request(self, raw: bytes) -> tuple[int, float, float, bytes]:
+        """Status, seconds to the first body bytes, seconds to the end, body."""
+        if self.writer is None:
+            await self.open()
+        reader, start = self.reader, time.perf_counter()
+        assert reader is not None and self.writer is not None
+        self.writer.write(raw)
+        status = int((await reader.readline()).split(b" ", 2)[1])
+        length, chunked, close = None, False, False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower()
+        first = None
+        if length is not None:
+            body = await reader.readexactly(length)
+        elif chunked:
+            parts = []
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                parts.append((await reader.readexactly(size + 2))[:-2])
+                first = first or time.perf_counter()
+            await reader.readline()
+            body = b"".join(parts)
+        else:
+            body, close = await reader.read(), True
+        end = time.perf_counter()
+        if close:
+            self.close()
+        return status, (first or end) - start, end - start, body
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    key: str
+
+    def raw(self, model: str, stream: bool) -> bytes:
+        body = json.dumps({"model": model, "messages": PROMPT, "stream": stream,
+                           "max_tokens": 64}).encode()
+        return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {HOST}:{self.port}\r\n"
+                f"Authorization: Bearer {self.key}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def check(target: Target, status: int, body: bytes, stream: bool) -> None:
+    ok = status == 200 and (body.rstrip().endswith(b"data: [DONE]") if stream
+                            else b'"choices"' in body)
+    if not ok:
+        raise RuntimeError(f"{target.name}: unexpected answer {status}: {body[:500]!r}")
+
+
+# --- measurements ------------------------------------------------------------------------------
+
+KINDS = ("non-streaming", "streaming: first chunk", "streaming: whole stream")
+
+
+@dataclass
+class Latencies:
+    samples: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+
+
+async def measure_latency(targets: Sequence[Target], requests: int, warmup: int,
+                          block: int) -> dict[str, Latencies]:
+    """``requests`` per target and kind, in blocks of ``block`` in a row (after 3 unmeasured)
+    per target, the targets taken in turn; ``block=1``: one request per target in turn."""
+    connections = {t.name: Connection(t.port) for t in targets}
+    raws = {(t.name, s): t.raw(MODEL, s) for t in targets for s in (False, True)}
+    out = {t.name: Latencies() for t in targets}
+    skip = 0 if block == 1 else 3
+
+    async def one(target: Target, stream: bool) -> tuple[float, float]:
+        status, first, total, body = await connections[target.name].request(
+            raws[target.name, stream])
+        check(target, status, body, stream)
+        return first, total
+
+    for _ in range(warmup):
+        for stream in (False, True):
+            for target in targets:
+                await one(target, stream)
+    done = 0
+    while done < requests:
+        n = min(block, requests - done)
+        for stream in (False, True):
+            for target in targets:
+                samples = out[target.name].samples
+                for i in range(skip + n):
+                    first, total = await one(target, stream)
+                    if i < skip:
+                        continue
+                    if stream:
+                        samples["streaming: first chunk"].append(first)
+                        samples["streaming: whole stream"].append(total)
+                    else:
+                        samples["non-streaming"].append(total)
+        done += n
+    for connection in connections.values():
+        connection.close()
+    return out
+
+
+async def measure_throughput(target: Target, model: str, concurrency: int, seconds: float,
+                             max_requests: int) -> float:
+    """Completed streaming requests per second with ``concurrency`` connections."""
+    raw = target.raw(model, True)
+    done = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        connection = Connection(target.port)
+        try:
+            while time.perf_counter() < stop_at and done < max_requests:
+                status, _, _, body = await connection.request(raw)
+                check(target, status, body, True)
+                done += 1
+        finally:
+            connection.close()
+
+    # Warm every connection first, then count.
+    await asyncio.gather(*(Connection(target.port).request(raw) for _ in range(2)))
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+# --- the processes -----------------------------------------------------------------------------
+
+def wait_http(procs: Processes, name: str, url: str, timeout: float,
+              headers: dict[str, str] | None = None) -> None:
+    import httpx
+
+    proc = next(p for p in procs.children if p.name == name)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.check_alive()
+        try:
+            if httpx.get(url, timeout=2, headers=headers).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{name} did not answer {url} within {timeout} s")
+
+
+def start_upstream(procs: Processes, name: str, *extra: str) -> int:
+    port = free_port()
+    procs.start(name, [sys.executable, "-m", "tests.support.upstream", "--port", str(port),
+                       "--key", UPSTREAM_KEY, *extra], base_env())
+    wait_http(procs, name, f"http://{HOST}:{port}/health", 30)
+    return port
+
+
+def add_deployment(database_url: str, key_project: str, name: str, upstream_port: int) -> None:
+    """A ready deployment row, moved there through the state machine as a worker would."""
+    os.environ["SPECDECK_DATABASE_URL"] = database_url
+    from app.db import get_engine, get_sessionmaker, session_scope
+    from app.db.models import Deployment, Project
+    from app.services.secrets import cipher
+    from app.services.state import DeploymentStatus, initialize, transition
+    from app.settings import get_settings
+
+    for cached in (get_settings, get_engine, get_sessionmaker):
+        cached.cache_clear()
+    from sqlalchemy import select
+
+    with session_scope() as session:
+        project = session.scalars(select(Project).where(Project.name == key_project)).one()
+        deployment = Deployment(project_id=project.id, name=name, spec={})
+        initialize(session, deployment)
+        transition(session, deployment, DeploymentStatus.STARTING, columns={
+            "upstream_url": f"http://{HOST}:{upstream_port}",
+            "api_key_ciphertext": cipher(get_settings()).encrypt(UPSTREAM_KEY.encode()).decode()})
+        transition(session, deployment, DeploymentStatus.READY)
+    get_engine().dispose()
+
+
+def find_litellm(explicit: str | None) -> str | None:
+    for candidate in (explicit, str(ROOT / "var" / "litellm-venv" / "bin" / "litellm"),
+                      shutil.which("litellm")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def start_litellm(procs: Processes, executable: str, tmp: Path, upstreams: dict[str, int]) -> int:
+    port = free_port()
+    config = tmp / "litellm.yaml"
+    models = "".join(
+        f"  - model_name: {name}\n    litellm_params:\n      model: openai/{name}\n"
+        f"      api_base: http://{HOST}:{upstream}/v1\n      api_key: {UPSTREAM_KEY}\n"
+        for name, upstream in upstreams.items())
+    config.write_text(f"model_list:\n{models}general_settings:\n  master_key: {LITELLM_KEY}\n"
+                      "litellm_settings:\n  telemetry: false\n")
+    env = {k: v for k, v in base_env().items() if not k.startswith(("DATABASE_URL", "LITELLM"))}
+    env.update(LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False", DISABLE_ADMIN_UI="True",
+               NO_DOCS="True", LITELLM_LOCAL_MODEL_COST_MAP="True")  # loopback only
+    procs.start("litellm", [executable, "--config", str(config), "--host", HOST, "--port",
+                            str(port), "--num_workers", "1"], env)
+    wait_http(procs, "litellm", f"http://{HOST}:{port}/v1/models", 180,
+              {"Authorization": f"Bearer {LITELLM_KEY}"})
+    return port
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+def latency_table(latency: dict[str, Latencies]) -> str:
+    rows = []
+    for kind in KINDS:
+        base = latency["direct"].samples[kind]
+        b50, b99 = percentile(base, 50), percentile(base, 99)
+        for name, result in latency.items():
+            values = result.samples[kind]
+            p50, p99 = percentile(values, 50), percentile(values, 99)
+            added = "" if name == "direct" else f"{ms(p50 - b50)} / {ms(p99 - b99)}"
+            rows.append([kind, name, len(values), ms(p50), ms(p99), added])
+    return table(["request", "target", "n", "p50", "p99", "added p50 / p99"], rows)
+
+
+def added_p50(latency: dict[str, Latencies], name: str, kind: str) -> float:
+    return (percentile(latency[name].samples[kind], 50)
+            - percentile(latency["direct"].samples[kind], 50))
+
+
+def report(latency: dict[str, Latencies], cold: dict[str, Latencies],
+           throughput: dict[str, dict[str, list[float]]], command: str, load_before: float,
+           concurrency: int, block: int, skipped: str | None) -> None:
+    names = list(latency)
+    print(f"\n{command}\n{machine()}; 1-minute load average {load_before:.2f} before, "
+          f"{load():.2f} after\n")
+    print(f"Latency, one request at a time, {block} in a row per target (ms):\n")
+    print(latency_table(latency))
+    print("\nLatency, one request at a time, one per target in turn (every request wakes idle "
+          "processes) (ms):\n")
+    print(latency_table(cold))
+
+    rows = []
+    for scenario, per_target in throughput.items():
+        direct = statistics.median(per_target["direct"])
+        for name, runs in per_target.items():
+            value = statistics.median(runs)
+            rows.append([scenario, name, f"{value:.0f}",
+                         " ".join(f"{r:.0f}" for r in runs),
+                         "" if name == "direct" else f"{value / direct:.1%}"])
+    print(f"\nThroughput, {concurrency} concurrent streaming connections (requests/s, median of "
+          "rounds):\n")
+    print(table(["upstream", "target", "req/s", "rounds", "of direct"], rows))
+
+    print("\nTargets:")
+    kind = "non-streaming"
+    added = {n: added_p50(latency, n, kind) for n in names if n != "direct"}
+    for scenario, per_target in throughput.items():
+        if "specdeck" in per_target:
+            share = (statistics.median(per_target["specdeck"])
+                     / statistics.median(per_target["direct"]))
+            verdict = "met" if share >= TARGET_THROUGHPUT else "MISSED"
+            print(f"- throughput >= {TARGET_THROUGHPUT:.0%} of direct ({scenario} upstream): "
+                  f"{share:.1%}: {verdict}")
+    if "specdeck" in added:
+        verdict = "met" if added["specdeck"] <= TARGET_ADDED_P50 else "MISSED"
+        print(f"- added p50 <= {ms(TARGET_ADDED_P50)} ms ({kind}, {block} in a row): "
+              f"{ms(added['specdeck'])} ms: {verdict}")
+        others = [f"{k}: {ms(added_p50(latency, 'specdeck', k))} ms" for k in KINDS[1:]]
+        others.append(f"one per target in turn: {ms(added_p50(cold, 'specdeck', kind))} ms")
+        print(f"  ({'; '.join(others)})")
+    if "litellm" in added and "specdeck" in added:
+        verdict = "met" if added["specdeck"] < added["litellm"] else "MISSED"
+        print(f"- below LiteLLM's added p50: {ms(added['specdeck'])} vs "
+              f"{ms(added['litellm'])} ms: {verdict}")
+    elif skipped:
+        print(f"- below LiteLLM's added p50: not measured ({skipped})")
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="300 requests, 2 s x 2 rounds of throughput")
+    parser.add_argument("--requests", type=int, help="measured requests per target and kind")
+    parser.add_argument("--block", type=int, default=50,
+                        help="latency: requests in a row per target (default 50)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seconds", type=float, help="seconds per throughput run")
+    parser.add_argument("--rounds", type=int, help="throughput rounds")
+    parser.add_argument("--litellm", help="the litellm executable (default: var/litellm-venv)")
+    parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--access-log", action="store_true",
+                        help="run specdeck api with uvicorn's access log (off by default)")
+    args = parser.parse_args(argv)
+    requests = args.requests or (300 if args.quick else 2000)
+    seconds = args.seconds or (2.0 if args.quick else 4.0)
+    rounds = args.rounds or (2 if args.quick else 3)
+    exit_on_sigterm()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    load_before = load()
+    started = time.monotonic()
+    litellm = None if args.no_litellm else find_litellm(args.litellm)
+    skipped = None
+    if litellm is None:
+        skipped = ("disabled with --no-litellm" if args.no_litellm else
+                   "LiteLLM is not installed: python3 -m venv var/litellm-venv && "
+                   "var/litellm-venv/bin/pip install 'litellm[proxy]'")
+        print(f"skipping LiteLLM: {skipped}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="specdeck-bench-gateway-") as tmp_name, \
+            postgres_database("specdeck_bench_gateway") as database_url, \
+            Processes(Path(tmp_name)) as procs:
+        tmp = Path(tmp_name)
+        upstream = start_upstream(procs, "upstream", "--tokens", str(TOKENS))
+        paced = start_upstream(procs, "upstream-paced", "--tokens", str(PACED_TOKENS),
+                               "--delay", str(PACE))
+        env = base_env(SPECDECK_DATABASE_URL=database_url, **roots(tmp / "specdeck"),
+                       SPECDECK_GATEWAY_RATE_LIMIT_RPM="100000000",
+                       SPECDECK_GATEWAY_RATE_LIMIT_BURST="1000000")
+        specdeck(env, "db", "upgrade")
+        key = create_key(env, "bench")
+        add_deployment(database_url, "bench", MODEL, upstream)
+        add_deployment(database_url, "bench", PACED, paced)
+        api_port = free_port()
+        argv_api = [str(Path(sys.executable).parent / "specdeck"), "api", "--host", HOST,
+                    "--port", str(api_port)] + ([] if args.access_log else ["--no-access-log"])
+        procs.start("specdeck-api", argv_api, env)
+        wait_http(procs, "specdeck-api", f"http://{HOST}:{api_port}/healthz", 60)
+        targets = [Target("direct", upstream, UPSTREAM_KEY), Target("specdeck", api_port, key)]
+        if litellm is not None:
+            print(f"starting LiteLLM's proxy ({litellm}) ...", flush=True)
+            litellm_port = start_litellm(procs, litellm, tmp, {MODEL: upstream, PACED: paced})
+            targets.append(Target("litellm", litellm_port, LITELLM_KEY))
+        print(f"[{time.monotonic() - started:5.1f} s] processes ready", flush=True)
+        # The paced upstream serves PACED; the direct target reaches it on its own port.
+        paced_targets = [Target(t.name, paced if t.name == "direct" else t.port, t.key)
+                         for t in targets]
+        latency, cold, throughput = asyncio.run(measure_all(
+            targets, paced_targets, requests, min(50, requests), args.block, args.concurrency,
+            seconds, rounds))
+        for proc in procs.children:
+            proc.check_alive()
+    command = " ".join([".venv/bin/python", "benchmarks/gateway.py", *(argv or sys.argv[1:])])
+    report(latency, cold, throughput, command, load_before, args.concurrency, args.block,
+           skipped)
+    print(f"\n(total {time.monotonic() - started:.0f} s)")
+
+
+async def measure_all(
+        targets: list[Target], paced_targets: list[Target], requests: int, warmup: int,
+        block: int, concurrency: int, seconds: float, rounds: int,
+) -> tuple[dict[str, Latencies], dict[str, Latencies], dict[str, dict[str, list[float]]]]:
+    print(f"latency: {warmup} warm-up + {requests} requests per kind and target, {block} in a "
+          "row", flush=True)
+    latency = await measure_latency(targets, requests, warmup, block)
+    cold_requests = max(100, requests // 4)
+    print(f"latency: {cold_requests} requests per kind and target, one per target in turn",
+          flush=True)
+    cold = await measure_latency(targets, cold_requests, 0, 1)
+    throughput: dict[str, dict[str, list[float]]] = {}
+    for scenario, model, group in (("paced", PACED, paced_targets), ("unpaced", MODEL, targets)):
+        throughput[scenario] = {t.name: [] for t in group}
+        for r in range(rounds):
+            for target in group:
+                value = await measure_throughput(target, model, concurrency, seconds, 200_000)
+                throughput[scenario][target.name].append(value)
+                print(f"  throughput, {scenario}, round {r + 1}: {target.name} {value:.0f} req/s",
+                      flush=True)
+    return latency, cold, throughput
+
+
+if __name__ == "__main__":
+    main()
