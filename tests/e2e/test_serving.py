@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -121,6 +122,19 @@ def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack,
     assert drafts > 0
     assert 1 + accepted / drafts > 1.0, (accepted, drafts)
     assert pg_stack.scalar("SELECT sum(completion_tokens) FROM usage") > 0
+
+    # A crash: the engine dies, the worker restarts it with backoff, and it serves again.
+    for pid in job_processes(deployment["id"]):
+        os.kill(pid, signal.SIGKILL)
+    restarted = wait_for(lambda: (d := pg_api.get(f"/api/deployments/{deployment['id']}").json())
+                         ["restarts"] == 1 and d["status"] == "ready" and d, 180, "the restart")
+    events = pg_stack.scalar("SELECT count(*) FROM deployment_events WHERE deployment_id = :id "
+                             "AND status = 'starting' AND message LIKE '%restart 1 in 2 s'",
+                             id=deployment["id"])
+    assert events == 1, restarted
+    reply = client.chat.completions.create(model="demo-dflash", max_tokens=MAX_TOKENS, temperature=0,
+                                           messages=[{"role": "user", "content": PROMPTS[0]}])
+    assert reply.choices[0].message.content == greedy_reference(model_dir, PROMPTS[0])
 
     # Delete: the engine stops, its slot is freed, the model disappears from the gateway.
     pg_api.delete(f"/api/deployments/{deployment['id']}")
