@@ -16,19 +16,23 @@ the cap, a missing ``model``                         (``param`` names the field)
 no such model in the project (or another     404     ``model_not_found``
 project's, or stopping/stopped/failed)
 the deployment is pending or starting        503     ``model_not_ready`` + Retry-After
-the upstream is unreachable / timed out      503     ``upstream_unavailable`` + Retry-After
-                                             504     ``upstream_timeout``
+the upstream refuses connections, or does     503     ``upstream_unavailable`` + Retry-After
+not accept one within the connect timeout
+no answer within the upstream timeout        504     ``upstream_timeout``
 the upstream failed (5xx, bad answer)        502     ``upstream_error``
+the upstream refused the gateway's key       502     ``upstream_auth_failed``
 the upstream answered 4xx                    same    its message, in this shape
+the database is down and nothing is cached   503     ``service_unavailable`` + Retry-After
 ==========================================  ======  ====================================
 
 Streaming: the first upstream chunk is read before the response starts, so a failure up to then
 is one of the HTTP errors above. Chunks are then passed through as they come; the stream always
 ends with ``data: [DONE]``, or, when the upstream dies mid-stream, with a final
-``data: {"error": {...}}`` event. When the client disconnects, the upstream request is closed at
-once (the upstream sees its client go away). Usage comes from the upstream's ``usage`` (the
-gateway asks for ``stream_options.include_usage`` and drops that chunk again when the client did
-not ask for it) and is recorded per key in batches.
+``data: {"error": {...}}`` event (``upstream_error``; ``upstream_timeout`` when it sends nothing
+for SPECDECK_GATEWAY_UPSTREAM_TIMEOUT_SECONDS). When the client disconnects, the upstream
+request is closed at once (the upstream sees its client go away). Usage comes from the
+upstream's ``usage`` (the gateway asks for ``stream_options.include_usage`` and drops that chunk
+again when the client did not ask for it) and is recorded per key in batches.
 """
 
 from __future__ import annotations
@@ -313,6 +317,8 @@ class SSEProxy(Response):
                 chunk = await next_chunk()
             except ClientGone:
                 return None
+            except UpstreamTimeout:
+                return sse_error("The model server stopped sending mid-stream", "upstream_timeout")
             except UpstreamError as exc:
                 return sse_error(f"The model server failed mid-stream ({type(exc).__name__})",
                                  "upstream_error")

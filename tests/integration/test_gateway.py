@@ -45,6 +45,7 @@ GATEWAY_ENV = {
     "SPECDECK_GATEWAY_MAX_TOKENS": str(MAX_TOKENS),
     "SPECDECK_GATEWAY_STARTING_RETRY_AFTER_SECONDS": STARTING_RETRY_AFTER,
     "SPECDECK_MAX_BODY_BYTES": str(MAX_BODY),
+    "SPECDECK_GATEWAY_UPSTREAM_TIMEOUT_SECONDS": "3",
 }
 MESSAGES = [{"role": "user", "content": "say hello to the gateway"}]  # 5 prompt tokens
 EXPECTED = "".join(TOKENS[i % len(TOKENS)] for i in range(8))
@@ -531,6 +532,26 @@ def test_unreachable_upstream_is_503_with_retry_after(gateway: Gateway) -> None:
         assert int(response.headers["retry-after"]) >= 1
 
 
+def test_upstream_timeouts(gateway: Gateway) -> None:
+    """SPECDECK_GATEWAY_UPSTREAM_TIMEOUT_SECONDS (3 s here): for the answer, then per chunk."""
+    key = make_key()
+    deploy(gateway, key, "slow")
+    label = tag()
+    started = time.monotonic()
+    response = gateway.chat(key, model="slow", **control(tag=label, tokens=3, delay=2))
+    assert_error(response, 504, "upstream_timeout")
+    assert 2.5 < time.monotonic() - started < 5.5
+    wait_for(lambda: gateway.upstream.requests(label)[0]["disconnected"], timeout=5,
+             what="the upstream to see the gateway give up")
+
+    # Streaming: the first chunk comes at once, then nothing for longer than the timeout.
+    raw = gateway.chat(key, model="slow", stream=True, **control(tokens=2, delay=4))
+    assert raw.status_code == 200
+    events = sse_events(raw.text)
+    assert "[DONE]" not in events
+    assert json.loads(events[-1])["error"]["code"] == "upstream_timeout"
+
+
 def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway: Gateway) -> None:
     key = make_key()
     deploy(gateway, key, "m")
@@ -601,13 +622,19 @@ def test_usage_buffered_at_shutdown_is_written(gateway: Gateway, tmp_path: Path)
     """A flush interval far away: the rows can only come from the flush at shutdown."""
     env = {**gateway.env, "SPECDECK_GATEWAY_USAGE_FLUSH_SECONDS": "3600"}
     url, proc = start_api(env, tmp_path / "api.log")
-    key = make_key()
+    key, doomed = make_key(), make_key()
     try:
-        deploy(gateway, key, "m")
-        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key.plaintext, max_retries=0)
-        sdk.chat.completions.create(model="m", messages=MESSAGES)
+        for caller in (key, doomed):
+            deploy(gateway, caller, "m")
+            sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=caller.plaintext, max_retries=0)
+            sdk.chat.completions.create(model="m", messages=MESSAGES)
         time.sleep(0.3)
         assert usage_rows(key.project_id) == []
+        # A key deleted while its usage is buffered: its row cannot go in; the others still do.
+        from app.db import get_engine
+
+        with get_engine().begin() as conn:
+            conn.execute(sa.text("DELETE FROM api_keys WHERE id = :id"), {"id": doomed.id})
     finally:
         stop_api(proc)
     log = (tmp_path / "api.log").read_text()
