@@ -119,12 +119,10 @@ class Job(Leased, Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
 
-class JobEvent(Base):
-    __tablename__ = "job_events"
-    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+class Event:
+    """What happened to a job or a deployment: status changes, stages, processes, progress."""
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     kind: Mapped[str] = mapped_column(String(32))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -132,6 +130,13 @@ class JobEvent(Base):
     stage: Mapped[str | None] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class JobEvent(Event, Base):
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
 
 
 class JobMetric(Base):
@@ -189,19 +194,11 @@ class Deployment(Leased, Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
 
 
-class DeploymentEvent(Base):
+class DeploymentEvent(Event, Base):
     __tablename__ = "deployment_events"
     __table_args__ = (Index("ix_deployment_events_deployment_id_id", "deployment_id", "id"),)
 
-    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    kind: Mapped[str] = mapped_column(String(32))
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
-    status: Mapped[str | None] = mapped_column(String(20))
-    stage: Mapped[str | None] = mapped_column(String(32))
-    message: Mapped[str] = mapped_column(Text, default="")
-    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Usage(Base):
