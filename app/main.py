@@ -18,6 +18,8 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints):
         app.include_router(module.router)
+    # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.
+    app.add_middleware(openai.GatewayFastPath)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        overrides={"/api/datasets": max_upload_body_bytes(settings)})
     app.add_middleware(PrometheusMetrics)

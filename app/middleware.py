@@ -14,13 +14,12 @@ REQUESTS = Counter("specdeck_http_requests_total", "HTTP requests", ["method", "
 LATENCY = Histogram("specdeck_http_request_seconds", "HTTP request latency", ["method", "route"])
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
-    """Answer 413 in the error shape for a body over the limit (declared or streamed):
-    ``max_bytes``, or ``overrides[path]`` for those exact paths (uploads)."""
+    """Answer 413 in the error shape for a body over the limit: ``max_bytes``, or
+    ``overrides[path]`` for those exact paths (uploads). A declared Content-Length over it is
+    refused before the app runs; a body that grows past it while the app reads it (chunked, no
+    Content-Length) is answered 413 right there, and the app is told the client went away (what
+    it sends after that is dropped), so every route answers the same 413."""
 
     def __init__(self, app: ASGIApp, max_bytes: int,
                  overrides: dict[str, int] | None = None) -> None:
@@ -30,38 +29,49 @@ class BodySizeLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         limit = self.overrides.get(scope["path"], self.max_bytes)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await self._reject(send, limit)
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > limit:
+                    return await self._reject(send, limit)
+                break
         seen = 0
-        started = False
+        started = rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, started, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge
+                    rejected = True
+                    if not started:
+                        started = True
+                        await self._reject(send, limit)
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return  # the 413 went out instead
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._reject(send, limit)
+        except Exception:
+            if not rejected:
+                raise  # else: the app failed on the disconnect it was handed; the 413 is out
 
     async def _reject(self, send: Send, limit: int) -> None:
         body = json.dumps(error_body(413, f"Request body is larger than {limit} bytes",
                                      code="request_too_large")).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -66,6 +66,25 @@ class Settings(BaseSettings):
     deployment_max_restarts: int = 5
     worker_advertise_host: str = "127.0.0.1"
 
+    # The OpenAI-compatible gateway (/v1). Auth and routing are cached in memory for a few
+    # seconds (a revoked key or a changed deployment is seen within that); the rate limit is a
+    # token bucket per API key in each API process (0 disables it); usage rows are written in
+    # batches every gateway_usage_flush_seconds.
+    gateway_auth_cache_seconds: float = Field(default=5.0, gt=0)
+    gateway_route_cache_seconds: float = Field(default=1.0, gt=0)
+    gateway_rate_limit_rpm: float = Field(default=600.0, ge=0)
+    gateway_rate_limit_burst: int = Field(default=100, ge=1)
+    gateway_max_tokens: int = Field(default=4096, ge=1)
+    gateway_usage_flush_seconds: float = Field(default=1.0, gt=0)
+    # The longest an upstream may take to answer, or between two streamed chunks.
+    gateway_upstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    gateway_upstream_connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Concurrent connections to one upstream (more requests wait for one to be free).
+    gateway_upstream_max_connections: int = Field(default=1024, ge=1)
+    # Retry-After on a 503 for a deployment that is starting, or an upstream that is down.
+    gateway_starting_retry_after_seconds: int = Field(default=5, ge=1)
+    gateway_unavailable_retry_after_seconds: int = Field(default=1, ge=1)
+
     # Which pipeline the worker runs: "module:ATTRIBUTE". Tests point this at test-only stages.
     pipeline: str = "workers.pipeline:PIPELINE"
 

@@ -37,19 +37,19 @@ again when the client did not ask for it) and is recorded per key in batches.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import APIError, error_body
-from app.middleware import BodyTooLarge
+from app.errors import APIError, error_body, error_response
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.gateway import (
     Caller,
-    ClientGone,
     ClientWatch,
     Gateway,
     ProjectRoutes,
@@ -74,8 +74,7 @@ _decoder = json.JSONDecoder()
 
 # --- auth, limits, routing ---------------------------------------------------------------------
 
-async def authenticate(request: Request, gateway: Gateway) -> Caller:
-    header = request.headers.get("authorization")
+async def authenticate(gateway: Gateway, header: str | None) -> Caller:
     if not header:
         raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",
                        code="missing_api_key", headers=_WWW_AUTH)
@@ -118,7 +117,7 @@ async def resolve(gateway: Gateway, caller: Caller, model: str) -> Route:
         raise APIError(503, f"The model '{model}' is starting; retry shortly",
                        code="model_not_ready",
                        headers={"Retry-After": gateway.starting_retry_after})
-    if route.target is None or route.head is None:
+    if route.url is None or route.headers is None:
         raise APIError(503, f"The model '{model}' is not reachable right now",
                        code="upstream_unavailable",
                        headers={"Retry-After": gateway.unavailable_retry_after})
@@ -289,14 +288,16 @@ class SSEProxy(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             last = await self.relay(send)
-            if last is not None:
-                await send({"type": "http.response.body", "body": last, "more_body": False})
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        except asyncio.CancelledError:
+            if not self.watch.swallow():
+                raise  # not the client going away: the server is stopping
         finally:
             self.watch.stop()
             self.upstream.close()  # before the end (a disconnect): aborts the upstream request
 
-    async def relay(self, send: Send) -> bytes | None:
-        """Send the events as they come; return what ends the stream (None: the client left)."""
+    async def relay(self, send: Send) -> bytes:
+        """Send the events as they come; return what ends the stream."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         pending, chunk, done = b"", self.first, False
         next_chunk = self.upstream.next_chunk
@@ -315,8 +316,6 @@ class SSEProxy(Response):
                 pending = data
             try:
                 chunk = await next_chunk()
-            except ClientGone:
-                return None
             except UpstreamTimeout:
                 return sse_error("The model server stopped sending mid-stream", "upstream_timeout")
             except UpstreamError as exc:
@@ -351,12 +350,12 @@ class SSEProxy(Response):
         return b"".join(kept)
 
 
-# --- routes ------------------------------------------------------------------------------------
+# --- routes ---------------------------------------------------------------------------------
 
 @router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> ModelList:
     gateway = get_gateway(request.app)
-    caller = await authenticate(request, gateway)
+    caller = await authenticate(gateway, request.headers.get("authorization"))
     routes = await routes_of(gateway, caller)
     return ModelList(data=[Model(id=r.name, created=r.created, owned_by="specdeck")
                            for r in routes.ready])
@@ -365,7 +364,7 @@ async def list_models(request: Request) -> ModelList:
 @router.get("/models/{model:path}", response_model=Model)
 async def retrieve_model(model: str, request: Request) -> Model:
     gateway = get_gateway(request.app)
-    caller = await authenticate(request, gateway)
+    caller = await authenticate(gateway, request.headers.get("authorization"))
     route = (await routes_of(gateway, caller)).by_name.get(model)
     if route is None or route.status != DeploymentStatus.READY.value:
         raise APIError(404, f"The model '{model}' does not exist or is not deployed",
@@ -373,17 +372,85 @@ async def retrieve_model(model: str, request: Request) -> Model:
     return Model(id=route.name, created=route.created, owned_by="specdeck")
 
 
+CHAT_COMPLETIONS = "/v1/chat/completions"
+
+
+class Served(Response):
+    """A response that serves the request itself: a plain ASGI function run as a Response."""
+
+    def __init__(self, serve: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.serve, self.background = serve, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.serve(scope, receive, send)
+
+
 @router.post("/chat/completions", openapi_extra={"requestBody": {
     "required": True,
     "content": {_JSON: {"schema": ChatCompletionRequest.model_json_schema(
         ref_template="#/components/schemas/{model}")}}}})
-async def chat_completions(request: Request) -> Response:
-    gateway = get_gateway(request.app)
-    caller = await authenticate(request, gateway)
+async def chat_completions() -> Response:
+    """Declared for the OpenAPI document; ``GatewayFastPath`` serves this path before routing.
+    Reached only if the path arrives some other way, with the same function."""
+    return Served(serve_chat_completion)
+
+
+class GatewayFastPath:
+    """Pure ASGI middleware: ``POST /v1/chat/completions`` goes straight to
+    ``serve_chat_completion``, inside the app's own middleware (body limit, metrics) but past
+    FastAPI's router, dependency injection and exception middleware, which cost more than the
+    gateway's own work per request (docs/benchmarks.md, "Where the time goes")."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        # The route above, for the metrics' label (what routing would have put in the scope).
+        self.route = next(r for r in router.routes if getattr(r, "path", "") == CHAT_COMPLETIONS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path, root = scope["path"], scope.get("root_path", "")
+            if path == CHAT_COMPLETIONS or (root and path == root + CHAT_COMPLETIONS):
+                scope["route"] = self.route
+                return await serve_chat_completion(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The request body; None if the client went away (or the body limit answered 413)."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> None:
+    """``POST /v1/chat/completions`` as a plain ASGI app: every failure answers in the error
+    shape; nothing is sent once the client has gone."""
+    gateway = get_gateway(scope["app"])
     try:
-        raw = await request.body()
-    except BodyTooLarge:
-        raise APIError(413, "Request body is too large", code="request_too_large") from None
+        response = await chat_completion(gateway, scope, receive)
+    except APIError as exc:
+        response = error_response(exc)
+    if response is not None:
+        await response(scope, receive, send)
+
+
+async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> Response | None:
+    caller = await authenticate(gateway, header(scope, b"authorization"))
+    raw = await read_body(receive)
+    if raw is None:
+        return None
     try:
         body = json.loads(raw)
     except ValueError:
@@ -392,19 +459,21 @@ async def chat_completions(request: Request) -> Response:
     route = await resolve(gateway, caller, model)
     content, client_usage = upstream_body(raw, body, stream)
     if not stream:
-        return await complete(gateway, caller, route, content, request.receive)
-    return await open_stream(gateway, caller, route, content, request.receive, client_usage)
+        return await complete(gateway, caller, route, content, receive)
+    return await open_stream(gateway, caller, route, content, receive, client_usage)
 
 
 async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                   receive: Receive) -> Response:
+                   receive: Receive) -> Response | None:
     upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
     try:
-        upstream = await gateway.client.send(route.target, route.head, content, watch)  # type: ignore[arg-type]
+        upstream = await gateway.client.send(route.url, route.headers, content)  # type: ignore[arg-type]
         body = await upstream.read()
-    except ClientGone:
-        return Response(status_code=499)  # nobody is left to read it
+    except asyncio.CancelledError:
+        if watch.swallow():
+            return None  # the client went away: nobody is left to read it
+        raise
     except UpstreamError as exc:
         raise transport_error(gateway, exc) from None
     finally:
@@ -412,21 +481,21 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
         if upstream is not None:
             upstream.close()  # a no-op once read to the end; else aborts the upstream request
     if upstream.status != 200:
-        raise upstream_error(upstream.status, body, upstream.header(b"retry-after"))
+        raise upstream_error(upstream.status, body, upstream.header("Retry-After"))
     record_usage(gateway, caller, route, find_usage(body))
     return Response(body, media_type=_JSON)
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                      receive: Receive, client_usage: bool) -> Response:
+                      receive: Receive, client_usage: bool) -> Response | None:
     upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
     first: bytes | None = None
     try:
-        upstream = await gateway.client.send(route.target, route.head, content, watch)  # type: ignore[arg-type]
+        upstream = await gateway.client.send(route.url, route.headers, content)  # type: ignore[arg-type]
         if upstream.status != 200:
             error = await upstream.read()
-            raise upstream_error(upstream.status, error, upstream.header(b"retry-after"))
+            raise upstream_error(upstream.status, error, upstream.header("Retry-After"))
         while not first:  # the first non-empty chunk, before any header goes out
             first = await upstream.next_chunk()
             if first is None:
@@ -440,20 +509,14 @@ async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: b
                 error, status = None, None
             status = status if type(status) is int and 400 <= status < 600 else 502
             raise upstream_error(status, json.dumps({"error": error}).encode())
-    except ClientGone:
+    except BaseException as exc:
         watch.stop()
         if upstream is not None:
             upstream.close()
-        return Response(status_code=499)
-    except UpstreamError as exc:
-        watch.stop()
-        if upstream is not None:
-            upstream.close()
-        raise transport_error(gateway, exc) from None
-    except BaseException:
-        watch.stop()
-        if upstream is not None:
-            upstream.close()
+        if isinstance(exc, asyncio.CancelledError) and watch.swallow():
+            return None  # the client went away
+        if isinstance(exc, UpstreamError):
+            raise transport_error(gateway, exc) from None
         raise
     # From here the response owns the watch and the upstream response (and closes both).
     return SSEProxy(gateway, caller, route, upstream, watch, first, client_usage)

@@ -11,21 +11,13 @@ may call, and what they used. Everything on the request path is in memory.
 * ``UsageRecorder``: usage rows buffered in memory and inserted in batches by a background task
   (every ``gateway_usage_flush_seconds``, and at shutdown), in a thread: the event loop never
   waits on the database.
-* ``UpstreamClient``: one per app, pooled keep-alive HTTP/1.1 connections to the upstreams: an
-  asyncio protocol with the ``httptools`` parser (what uvicorn parses with) that writes each
-  request in one piece. It replaced ``httpx.AsyncClient``: against the same upstream in the
-  same run, httpx took 952 us per request at p50 and this client 109 us (two socket writes per
-  request, anyio and pool layers), and the whole budget is 1 ms; see docs/benchmarks.md.
+* ``UpstreamClient``: one ``aiohttp.ClientSession`` per app: pooled keep-alive connections to the
+  upstreams, a read timeout per streamed chunk, bytes passed through undecoded. (aiohttp, not
+  httpx: against the same upstream in the same run, httpx cost about 1 ms of CPU per request
+  and aiohttp 0.3 ms, and the gateway's whole budget is 1 ms; see docs/benchmarks.md.)
 * ``Gateway``: the above, created and closed by the app's lifespan (``gateway_lifespan``).
 
-Settings (read with defaults, see ``setting``): ``gateway_auth_cache_seconds`` (5),
-``gateway_route_cache_seconds`` (1), ``gateway_rate_limit_rpm`` (600 per key; 0 disables),
-``gateway_rate_limit_burst`` (100), ``gateway_max_tokens`` (4096),
-``gateway_usage_flush_seconds`` (1), ``gateway_upstream_timeout_seconds`` (600: the longest
-an upstream may take to answer or between two streamed chunks),
-``gateway_upstream_connect_timeout_seconds`` (5), ``gateway_upstream_max_idle_connections``
-(256 kept per upstream), ``gateway_starting_retry_after_seconds`` (5),
-``gateway_unavailable_retry_after_seconds`` (1).
+Settings: the ``gateway_*`` fields of ``app.settings.Settings``.
 """
 
 from __future__ import annotations
@@ -34,19 +26,16 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import ssl
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
-import httptools
+import aiohttp
 from cryptography.fernet import InvalidToken
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.db import session_scope
@@ -60,32 +49,6 @@ log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-
-DEFAULTS: dict[str, float | int] = {
-    "gateway_auth_cache_seconds": 5.0,
-    "gateway_route_cache_seconds": 1.0,
-    "gateway_rate_limit_rpm": 600.0,
-    "gateway_rate_limit_burst": 100,
-    "gateway_max_tokens": 4096,
-    "gateway_usage_flush_seconds": 1.0,
-    "gateway_upstream_timeout_seconds": 600.0,
-    "gateway_upstream_connect_timeout_seconds": 5.0,
-    "gateway_upstream_max_idle_connections": 256,
-    "gateway_starting_retry_after_seconds": 5,
-    "gateway_unavailable_retry_after_seconds": 1,
-}
-
-
-def setting(settings: Settings, name: str) -> Any:
-    """``settings.<name>``; until Settings declares it, ``SPECDECK_<NAME>`` from the environment;
-    else the default above (typed like the default)."""
-    default = DEFAULTS[name]
-    value = getattr(settings, name, None)
-    if value is None:
-        raw = os.environ.get(f"SPECDECK_{name.upper()}")
-        value = type(default)(raw) if raw not in (None, "") else default
-    return value
-
 
 # --- caches ------------------------------------------------------------------------------------
 
@@ -177,11 +140,11 @@ class Route:
     status: str
     upstream_url: str | None
     created: int
-    # Where to connect (scheme, host, port) and the request head up to Content-Length, with
-    # "Authorization: Bearer <the upstream's internal key>" (never shown to a client). None: the
-    # URL or the key is unusable (not set, not decryptable, not a valid header).
-    target: tuple[str, str, int] | None = None
-    head: bytes | None = None
+    # The upstream's chat completions URL and the headers to send it, with "Authorization:
+    # Bearer <the upstream's internal key>" (never shown to a client). None: the URL or the key
+    # is unusable (not set, not decryptable, not a valid header).
+    url: str | None = None
+    headers: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,39 +187,35 @@ def routes_loader(settings: Settings) -> Callable[[str], ProjectRoutes]:
                     log.error("deployment %s: its upstream key cannot be decrypted with "
                               "SPECDECK_SECRET_KEY or SPECDECK_SECRET_KEY_PREVIOUS", row.id)
                     key = "\n"  # unusable: the route answers 503
-            target, head = request_head(row.upstream_url, key, "/v1/chat/completions")
+            url, headers = upstream_target(row.upstream_url, key, "/v1/chat/completions")
             by_name[row.name] = Route(deployment_id=row.id, name=row.name, status=row.status,
                                       upstream_url=row.upstream_url,
                                       created=int(row.created_at.timestamp()),
-                                      target=target, head=head)
+                                      url=url, headers=headers)
         return ProjectRoutes(by_name=by_name)
 
     return load
 
 
-def request_head(url: str | None, key: str | None, path: str
-                 ) -> tuple[tuple[str, str, int] | None, bytes | None]:
-    """The connection target and the request head (without Content-Length) for ``url``."""
-    if not url:
+def upstream_target(base_url: str | None, key: str | None, path: str
+                    ) -> tuple[str | None, dict[str, str] | None]:
+    """The URL of ``path`` under ``base_url`` and the headers to send it with."""
+    if not base_url:
         return None, None
     try:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        parts = urlsplit(base_url)
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
     except ValueError:
-        parts, port = None, 0
+        parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        log.error("unusable upstream URL %r", url)
+        log.error("unusable upstream URL %r", base_url)
         return None, None
-    lines = [f"POST {parts.path.rstrip('/')}{path} HTTP/1.1", f"Host: {parts.netloc}",
-             "Content-Type: application/json", "Accept-Encoding: identity"]
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if key is not None:
-        lines.append(f"Authorization: Bearer {key}")
-    if any("\r" in line or "\n" in line for line in lines):
+        headers["Authorization"] = f"Bearer {key}"
+    if any("\r" in value or "\n" in value for value in headers.values()):
         return None, None  # a CR or LF inside a value: never send it
-    try:
-        return (parts.scheme, parts.hostname, port), ("\r\n".join(lines) + "\r\n").encode("latin-1")
-    except UnicodeEncodeError:
-        return None, None
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}{path}", headers
 
 
 # --- rate limit --------------------------------------------------------------------------------
@@ -339,7 +298,7 @@ class UsageRecorder:
             last_used[row["api_key_id"]] = row["created_at"]
         try:
             with session_scope() as session:
-                session.execute(insert(Usage), batch)
+                session.execute(Usage.__table__.insert(), batch)  # Core executemany
                 for key_id, when in last_used.items():
                     session.execute(update(ApiKey).where(ApiKey.id == key_id)
                                     .values(last_used_at=when))
@@ -349,7 +308,7 @@ class UsageRecorder:
             for row in batch:
                 try:
                     with session_scope() as session:
-                        session.execute(insert(Usage), [row])
+                        session.execute(Usage.__table__.insert(), [row])
                 except IntegrityError:
                     log.warning("dropped a usage row of deleted key %s", row["api_key_id"])
 
@@ -372,152 +331,50 @@ class UpstreamBroken(UpstreamError):
     """The connection dropped before the end of the response, or the HTTP was malformed."""
 
 
-class ClientGone(Exception):
-    """The gateway's own client disconnected: the upstream request was aborted."""
+def _upstream_error(exc: BaseException) -> UpstreamError:
+    """aiohttp's exception as one of the above."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectError(f"no connection within the connect timeout: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamConnectError(f"cannot connect: {exc}")
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout("the upstream did not answer in time")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return UpstreamBroken("the upstream closed the connection")
+    return UpstreamBroken(f"{type(exc).__name__}: {exc}")
 
 
 class ClientWatch:
-    """Watches the client's connection once its request body has been read; when the client goes
-    away, closes the upstream connection it was given (the upstream sees the abort at once) and
-    wakes whoever waits on it with ``ClientGone``. Cheaper than a cancel scope per request."""
+    """Watches the client's connection once its request body has been read. When the client goes
+    away, it cancels the request's task wherever that waits on the upstream (for the answer or
+    the next chunk); the task then closes the upstream response, so the upstream sees the abort
+    at once, and ends quietly (``gone`` tells it why it was cancelled)."""
 
-    __slots__ = ("gone", "conn", "task")
+    __slots__ = ("gone", "armed", "task", "watcher")
 
     def __init__(self, receive: Callable[[], Any]) -> None:
         self.gone = False
-        self.conn: _Connection | None = None
-        self.task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self.armed = True
+        self.task = asyncio.current_task()
+        self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Callable[[], Any]) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         self.gone = True
-        if self.conn is not None:
-            self.conn.abort(ClientGone())
+        if self.armed and self.task is not None:
+            self.task.cancel()
 
     def stop(self) -> None:
-        self.conn = None  # it may go back to the pool and serve another request
-        self.task.cancel()
+        self.armed = False
+        self.watcher.cancel()
 
-
-_HIGH_WATER = 1 << 20  # bytes buffered from an upstream before it is paused (a slow client)
-
-
-class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 keep-alive connection; parses responses with httptools as bytes arrive."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.closed = False
-        self.idle_since = 0.0
-        self.deadline = 0.0
-        self.timer: asyncio.TimerHandle | None = None  # one at a time, re-armed when it fires
-        self.reset()
-
-    def reset(self) -> None:
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.headers_done = self.complete = self.framed = self.got_bytes = self.paused = False
-        self.keep_alive = True
-        self.chunks: deque[bytes] = deque()
-        self.buffered = 0
-        self.error: Exception | None = None
-        self.waiter: asyncio.Future[None] | None = None
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.fail(UpstreamBroken(f"malformed HTTP from the upstream: {exc}"))
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.headers_done and not self.complete and not self.framed:
-            self.complete = True  # a body delimited by the end of the connection
-            self.wake()
-        elif not self.complete:
-            self.fail(UpstreamBroken("the upstream closed the connection"))
-
-    # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers.append((name, value))
-        if name == b"content-length" or (name == b"transfer-encoding"
-                                         and b"chunked" in value.lower()):
-            self.framed = True
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.keep_alive = self.parser.should_keep_alive()
-        self.headers_done = True
-        self.wake()
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.buffered += len(body)
-        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
-            self.transport.pause_reading()  # the client reads slower than the upstream writes
-            self.paused = True
-        self.wake()
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self.wake()
-
-    # waiting
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def fail(self, error: Exception) -> None:
-        if self.error is None:
-            self.error = error
-        self.wake()
-
-    def abort(self, error: Exception) -> None:
-        """Fail the response in progress with ``error`` and drop the connection."""
-        self.fail(error)
-        self.close()
-
-    async def wait(self, timeout: float) -> None:
-        """Until the parser or the connection has news, at most ``timeout`` seconds. The timer is
-        not made and cancelled per wait (per chunk): one timer checks the latest deadline."""
-        loop = self.loop
-        self.deadline = loop.time() + timeout
-        if self.timer is None:
-            self.timer = loop.call_at(self.deadline, self._check_deadline)
-        waiter = self.waiter = loop.create_future()
-        try:
-            await waiter
-        finally:
-            self.waiter = None
-
-    def _check_deadline(self) -> None:
-        self.timer = None
-        waiter = self.waiter
-        if waiter is None or waiter.done():
-            return  # not waiting now: the next wait arms a timer again
-        if self.loop.time() >= self.deadline:
-            waiter.set_exception(UpstreamTimeout("the upstream did not answer in time"))
-        else:
-            self.timer = self.loop.call_at(self.deadline, self._check_deadline)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.transport is not None:
-            self.transport.close()  # the upstream sees its client go away
+    def swallow(self) -> bool:
+        """In an ``except CancelledError``: True (and the cancel undone) if it came from here."""
+        if not self.gone or self.task is None:
+            return False
+        self.task.uncancel()
+        return True
 
 
 class UpstreamResponse:
@@ -525,41 +382,26 @@ class UpstreamResponse:
     ``next_chunk()``. ``close()`` before the end drops the connection (the request is aborted
     upstream); reading to the end returns it to the pool."""
 
-    __slots__ = ("client", "conn", "target", "timeout", "status", "headers", "done")
+    __slots__ = ("response", "status")
 
-    def __init__(self, client: "UpstreamClient", conn: _Connection, target: tuple[str, str, int],
-                 timeout: float) -> None:
-        self.client, self.conn, self.target, self.timeout = client, conn, target, timeout
-        self.status, self.headers = conn.status, conn.headers
-        self.done = False
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response, self.status = response, response.status
 
-    def header(self, name: bytes) -> str | None:
-        for key, value in self.headers:
-            if key == name:
-                return value.decode("latin-1")
-        return None
+    def header(self, name: str) -> str | None:
+        return self.response.headers.get(name)
 
     async def next_chunk(self) -> bytes | None:
         """What arrived of the body since the last call (all of it, in one piece, so that a
         proxy passes on several upstream chunks in one write when it falls behind); None at the
         end."""
-        conn = self.conn
-        while True:
-            if conn.chunks:
-                chunks = conn.chunks
-                chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                conn.buffered = 0
-                if conn.paused and conn.transport is not None:
-                    conn.transport.resume_reading()
-                    conn.paused = False
-                return chunk
-            if conn.complete:
-                self._release()
-                return None
-            if conn.error is not None:
-                raise conn.error
-            await conn.wait(self.timeout)
+        try:
+            chunk = await self.response.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _upstream_error(exc) from None
+        if chunk:
+            return chunk
+        self.response.release()  # the whole body was read: the connection goes back to the pool
+        return None
 
     async def read(self) -> bytes:
         parts = []
@@ -567,108 +409,51 @@ class UpstreamResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    def _release(self) -> None:
-        if not self.done:
-            self.done = True
-            conn = self.conn
-            if conn.keep_alive and not conn.closed and conn.error is None and not conn.paused:
-                self.client.put(self.target, conn)
-            else:
-                conn.close()
-
     def close(self) -> None:
-        if not self.done:
-            self.done = True
-            self.conn.close()
+        """A no-op once the body was read to the end; before that, drops the connection."""
+        self.response.close()
 
 
 class UpstreamClient:
-    """Pooled keep-alive connections per upstream (scheme, host, port); one request per
-    connection at a time; each request written in one piece."""
+    """One ``aiohttp.ClientSession`` for every upstream: pooled keep-alive connections, a
+    connect timeout, a read timeout per chunk, no decompression (bytes are passed through)."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float, max_idle: int = 256,
+    def __init__(self, connect_timeout: float, read_timeout: float, max_connections: int,
                  keepalive: float = 4.0) -> None:
         # keepalive: below uvicorn's (vLLM's) 5 s, so an idle connection is dropped here first.
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self.max_idle, self.keepalive = max_idle, keepalive
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self.max_connections, self.keepalive = max_connections, keepalive
+        self._session: aiohttp.ClientSession | None = None
 
-    def put(self, target: tuple[str, str, int], conn: _Connection) -> None:
-        idle = self._idle.setdefault(target, [])
-        if len(idle) >= self.max_idle:
-            conn.close()
-            return
-        conn.idle_since = time.monotonic()
-        idle.append(conn)
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made in the event loop that uses it
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.max_connections,
+                                               keepalive_timeout=self.keepalive),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
+                                              sock_read=self.read_timeout),
+                auto_decompress=False, skip_auto_headers=("User-Agent",))
+        return self._session
 
-    def _take(self, target: tuple[str, str, int]) -> _Connection | None:
-        idle = self._idle.get(target)
-        now = time.monotonic()
-        while idle:
-            conn = idle.pop()  # the most recently used: the least likely to be stale
-            if conn.closed or now - conn.idle_since > self.keepalive:
-                conn.close()
-                continue
-            return conn
-        return None
-
-    async def _connect(self, target: tuple[str, str, int]) -> _Connection:
-        scheme, host, port = target
-        loop = asyncio.get_running_loop()
-        context = None
-        if scheme == "https":
-            context = self._ssl = self._ssl or ssl.create_default_context()
-        try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), host, port, ssl=context),
-                self.connect_timeout)
-        except TimeoutError:
-            raise UpstreamConnectError(f"no connection to {host}:{port} within "
-                                       f"{self.connect_timeout} s") from None
-        except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {host}:{port}: {exc}") from None
-        return conn
-
-    async def send(self, target: tuple[str, str, int], head: bytes, body: bytes,
-                   watch: ClientWatch | None = None) -> UpstreamResponse:
-        """Send the request; return once the response head has arrived. With ``watch``, the
-        client going away aborts the upstream request (``ClientGone``)."""
-        message = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+    async def send(self, url: str, headers: dict[str, str], body: bytes) -> UpstreamResponse:
+        """POST ``body``; return once the response head has arrived."""
         for attempt in (0, 1):
-            conn = self._take(target)
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect(target)
-            conn.reset()
-            if watch is not None:
-                if watch.gone:
-                    self.put(target, conn)
-                    raise ClientGone()
-                watch.conn = conn
-            assert conn.transport is not None
-            conn.transport.write(message)
             try:
-                while not conn.headers_done:
-                    if conn.error is not None:
-                        raise conn.error
-                    await conn.wait(self.read_timeout)
-            except UpstreamBroken:
-                conn.close()
-                if reused and not conn.got_bytes and attempt == 0:
-                    continue  # the upstream had closed this idle connection: once more, fresh
-                raise
-            except BaseException:
-                conn.close()  # timed out, or cancelled (the client went away): abort upstream
-                raise
-            return UpstreamResponse(self, conn, target, self.read_timeout)
+                response = await self.session.post(url, data=body, headers=headers)
+            except aiohttp.ServerDisconnectedError:
+                if attempt == 0:
+                    continue  # a pooled connection the upstream had closed: once more, fresh
+                raise UpstreamBroken("the upstream closed the connection") from None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise _upstream_error(exc) from None
+            return UpstreamResponse(response)
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
-        self._idle.clear()
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 # --- the gateway -------------------------------------------------------------------------------
@@ -678,22 +463,20 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.max_tokens = int(setting(settings, "gateway_max_tokens"))
-        self.starting_retry_after = str(
-            int(setting(settings, "gateway_starting_retry_after_seconds")))
-        self.unavailable_retry_after = str(
-            int(setting(settings, "gateway_unavailable_retry_after_seconds")))
+        self.max_tokens = settings.gateway_max_tokens
+        self.starting_retry_after = str(settings.gateway_starting_retry_after_seconds)
+        self.unavailable_retry_after = str(settings.gateway_unavailable_retry_after_seconds)
         self.callers: TTLCache[str, Caller | None] = TTLCache(
-            load_caller, float(setting(settings, "gateway_auth_cache_seconds")))
+            load_caller, settings.gateway_auth_cache_seconds)
         self.routes: TTLCache[str, ProjectRoutes] = TTLCache(
-            routes_loader(settings), float(setting(settings, "gateway_route_cache_seconds")))
-        self.limiter = RateLimiter(float(setting(settings, "gateway_rate_limit_rpm")),
-                                   int(setting(settings, "gateway_rate_limit_burst")))
-        self.usage = UsageRecorder(float(setting(settings, "gateway_usage_flush_seconds")))
+            routes_loader(settings), settings.gateway_route_cache_seconds)
+        self.limiter = RateLimiter(settings.gateway_rate_limit_rpm,
+                                   settings.gateway_rate_limit_burst)
+        self.usage = UsageRecorder(settings.gateway_usage_flush_seconds)
         self.client = UpstreamClient(
-            connect_timeout=float(setting(settings, "gateway_upstream_connect_timeout_seconds")),
-            read_timeout=float(setting(settings, "gateway_upstream_timeout_seconds")),
-            max_idle=int(setting(settings, "gateway_upstream_max_idle_connections")))
+            connect_timeout=settings.gateway_upstream_connect_timeout_seconds,
+            read_timeout=settings.gateway_upstream_timeout_seconds,
+            max_connections=settings.gateway_upstream_max_connections)
         self._flusher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -710,7 +493,7 @@ class Gateway:
             await self.usage.flush()
         await self.callers.aclose()
         await self.routes.aclose()
-        self.client.close()
+        await self.client.aclose()
 
     async def caller(self, raw_key: str) -> Caller | None:
         return await self.callers.get(hash_key(raw_key))

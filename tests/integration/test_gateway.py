@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -294,6 +295,11 @@ def test_chat_completion_through_the_sdk(gateway: Gateway) -> None:
     [seen] = gateway.upstream.requests(label)
     assert seen["body"]["stream_options"] == {"include_usage": True}
     assert seen["body"]["max_tokens"] is None
+
+    # Served ahead of FastAPI's router (GatewayFastPath), still counted under its route.
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert re.search(r'specdeck_http_requests_total\{method="POST",route="/v1/chat/completions",'
+                     r'status="200"\} [1-9]', metrics), metrics[:2000]
 
 
 def test_idle_upstream_connections_closed_by_the_upstream_are_replaced(gateway: Gateway) -> None:

@@ -27,3 +27,23 @@ def test_production_refuses_sqlite() -> None:
 def test_environment_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECDECK_BROKER_URL", "redis://127.0.0.1:6379/3")
     assert Settings(_env_file=None).broker_url == "redis://127.0.0.1:6379/3"
+
+
+def test_readme_lists_every_setting() -> None:
+    """README's Configuration section names each field of Settings (as SPECDECK_<NAME>)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in Settings.model_fields if f"`{name.upper()}`" not in section]
+    assert not missing, f"README's Configuration section misses {missing}"
+
+
+def test_gateway_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDECK_GATEWAY_RATE_LIMIT_RPM", "0")
+    monkeypatch.setenv("SPECDECK_GATEWAY_UPSTREAM_TIMEOUT_SECONDS", "3")
+    settings = Settings(_env_file=None)
+    assert settings.gateway_rate_limit_rpm == 0 and settings.gateway_upstream_timeout_seconds == 3
+    monkeypatch.setenv("SPECDECK_GATEWAY_MAX_TOKENS", "0")
+    with pytest.raises(ValidationError, match="gateway_max_tokens"):
+        Settings(_env_file=None)
