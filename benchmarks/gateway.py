@@ -143,6 +143,7 @@ class Target:
     name: str
     port: int
     key: str
+    pid: int = 0  # the process that serves the port (a proxy's; the upstream's for direct)
 
     def raw(self, model: str, stream: bool) -> bytes:
         body = json.dumps({"model": model, "messages": PROMPT, "stream": stream,
@@ -209,9 +210,22 @@ async def measure_latency(targets: Sequence[Target], requests: int, warmup: int,
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Throughput:
+    rate: float  # completed requests per second
+    cpu: dict[str, float]  # CPU seconds per request: "client", "proxy", "upstream"
+
+
 async def measure_throughput(target: Target, model: str, concurrency: int, seconds: float,
-                             max_requests: int) -> float:
-    """Completed streaming requests per second with ``concurrency`` connections."""
+                             max_requests: int, upstream_pid: int) -> Throughput:
+    """Completed streaming requests per second with ``concurrency`` connections, and what each
+    request cost each process in CPU time (the client is this process)."""
     raw = target.raw(model, True)
     done = 0
     stop_at = time.perf_counter() + seconds
@@ -229,9 +243,18 @@ async def measure_throughput(target: Target, model: str, concurrency: int, secon
 
     # Warm every connection first, then count.
     await asyncio.gather(*(Connection(target.port).request(raw) for _ in range(2)))
+    pids = {"upstream": upstream_pid}
+    if target.pid and target.pid != upstream_pid:
+        pids["proxy"] = target.pid
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    client_before = time.process_time()
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / max(done, 1)
+           for name, pid in pids.items()}
+    cpu["client"] = (time.process_time() - client_before) / max(done, 1)
+    return Throughput(done / elapsed, cpu)
 
 
 # --- the processes -----------------------------------------------------------------------------
@@ -336,8 +359,12 @@ def added_p50(latency: dict[str, Latencies], name: str, kind: str) -> float:
             - percentile(latency["direct"].samples[kind], 50))
 
 
+def median_rate(runs: list[Throughput]) -> float:
+    return statistics.median(run.rate for run in runs)
+
+
 def report(latency: dict[str, Latencies], cold: dict[str, Latencies],
-           throughput: dict[str, dict[str, list[float]]], command: str, load_before: float,
+           throughput: dict[str, dict[str, list[Throughput]]], command: str, load_before: float,
            concurrency: int, block: int, skipped: str | None) -> None:
     names = list(latency)
     print(f"\n{command}\n{machine()}; 1-minute load average {load_before:.2f} before, "
@@ -350,23 +377,27 @@ def report(latency: dict[str, Latencies], cold: dict[str, Latencies],
 
     rows = []
     for scenario, per_target in throughput.items():
-        direct = statistics.median(per_target["direct"])
+        direct = median_rate(per_target["direct"])
         for name, runs in per_target.items():
-            value = statistics.median(runs)
+            value = median_rate(runs)
+            cpu = {part: statistics.median(run.cpu.get(part, 0.0) for run in runs) * 1e6
+                   for part in ("client", "proxy", "upstream")}
             rows.append([scenario, name, f"{value:.0f}",
-                         " ".join(f"{r:.0f}" for r in runs),
-                         "" if name == "direct" else f"{value / direct:.1%}"])
+                         " ".join(f"{run.rate:.0f}" for run in runs),
+                         "" if name == "direct" else f"{value / direct:.1%}",
+                         f"{cpu['client']:.0f}", "" if name == "direct" else f"{cpu['proxy']:.0f}",
+                         f"{cpu['upstream']:.0f}"])
     print(f"\nThroughput, {concurrency} concurrent streaming connections (requests/s, median of "
-          "rounds):\n")
-    print(table(["upstream", "target", "req/s", "rounds", "of direct"], rows))
+          "rounds; CPU time per request of each process, us):\n")
+    print(table(["upstream", "target", "req/s", "rounds", "of direct", "client us", "proxy us",
+                 "upstream us"], rows))
 
     print("\nTargets:")
     kind = "non-streaming"
     added = {n: added_p50(latency, n, kind) for n in names if n != "direct"}
     for scenario, per_target in throughput.items():
         if "specdeck" in per_target:
-            share = (statistics.median(per_target["specdeck"])
-                     / statistics.median(per_target["direct"]))
+            share = median_rate(per_target["specdeck"]) / median_rate(per_target["direct"])
             verdict = "met" if share >= TARGET_THROUGHPUT else "MISSED"
             print(f"- throughput >= {TARGET_THROUGHPUT:.0%} of direct ({scenario} upstream): "
                   f"{share:.1%}: {verdict}")
@@ -440,18 +471,21 @@ def main(argv: list[str] | None = None) -> None:
                     "--port", str(api_port)] + ([] if args.access_log else ["--no-access-log"])
         procs.start("specdeck-api", argv_api, env)
         wait_http(procs, "specdeck-api", f"http://{HOST}:{api_port}/healthz", 60)
-        targets = [Target("direct", upstream, UPSTREAM_KEY), Target("specdeck", api_port, key)]
+        pids = {proc.name: proc.proc.pid for proc in procs.children}
+        targets = [Target("direct", upstream, UPSTREAM_KEY, pids["upstream"]),
+                   Target("specdeck", api_port, key, pids["specdeck-api"])]
         if litellm is not None:
             print(f"starting LiteLLM's proxy ({litellm}) ...", flush=True)
             litellm_port = start_litellm(procs, litellm, tmp, {MODEL: upstream, PACED: paced})
-            targets.append(Target("litellm", litellm_port, LITELLM_KEY))
+            litellm_pid = next(p.proc.pid for p in procs.children if p.name == "litellm")
+            targets.append(Target("litellm", litellm_port, LITELLM_KEY, litellm_pid))
         print(f"[{time.monotonic() - started:5.1f} s] processes ready", flush=True)
         # The paced upstream serves PACED; the direct target reaches it on its own port.
-        paced_targets = [Target(t.name, paced if t.name == "direct" else t.port, t.key)
-                         for t in targets]
+        paced_targets = [Target(t.name, paced, t.key, pids["upstream-paced"]) if t.name == "direct"
+                         else t for t in targets]
         latency, cold, throughput = asyncio.run(measure_all(
             targets, paced_targets, requests, min(50, requests), args.block, args.concurrency,
-            seconds, rounds))
+            seconds, rounds, {"paced": pids["upstream-paced"], "unpaced": pids["upstream"]}))
         for proc in procs.children:
             proc.check_alive()
     command = " ".join([".venv/bin/python", "benchmarks/gateway.py", *(argv or sys.argv[1:])])
@@ -462,8 +496,8 @@ def main(argv: list[str] | None = None) -> None:
 
 async def measure_all(
         targets: list[Target], paced_targets: list[Target], requests: int, warmup: int,
-        block: int, concurrency: int, seconds: float, rounds: int,
-) -> tuple[dict[str, Latencies], dict[str, Latencies], dict[str, dict[str, list[float]]]]:
+        block: int, concurrency: int, seconds: float, rounds: int, upstream_pids: dict[str, int],
+) -> tuple[dict[str, Latencies], dict[str, Latencies], dict[str, dict[str, list[Throughput]]]]:
     print(f"latency: {warmup} warm-up + {requests} requests per kind and target, {block} in a "
           "row", flush=True)
     latency = await measure_latency(targets, requests, warmup, block)
@@ -471,15 +505,16 @@ async def measure_all(
     print(f"latency: {cold_requests} requests per kind and target, one per target in turn",
           flush=True)
     cold = await measure_latency(targets, cold_requests, 0, 1)
-    throughput: dict[str, dict[str, list[float]]] = {}
+    throughput: dict[str, dict[str, list[Throughput]]] = {}
     for scenario, model, group in (("paced", PACED, paced_targets), ("unpaced", MODEL, targets)):
         throughput[scenario] = {t.name: [] for t in group}
         for r in range(rounds):
             for target in group:
-                value = await measure_throughput(target, model, concurrency, seconds, 200_000)
+                value = await measure_throughput(target, model, concurrency, seconds, 200_000,
+                                                 upstream_pids[scenario])
                 throughput[scenario][target.name].append(value)
-                print(f"  throughput, {scenario}, round {r + 1}: {target.name} {value:.0f} req/s",
-                      flush=True)
+                print(f"  throughput, {scenario}, round {r + 1}: {target.name} "
+                      f"{value.rate:.0f} req/s", flush=True)
     return latency, cold, throughput
 
 

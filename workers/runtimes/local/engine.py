@@ -52,7 +52,6 @@ from typing import Any, Literal
 
 import jinja2
 import torch
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -70,6 +69,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import Cache
 
+from workers.runtimes.local.server import add_server_options, serve, set_up
+
 __all__ = [
     "DFlashEngine",
     "DecodeStep",
@@ -83,7 +84,6 @@ __all__ = [
 
 logger = logging.getLogger("specdeck.local.engine")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FinishReason = Literal["stop", "length"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
@@ -914,8 +914,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="draft tokens per block (default: block_size - 1; 0 disables speculation)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--api-key-env",
         default=None,
@@ -923,22 +921,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="name of an environment variable holding the API key; when it is set, "
         "/v1/* requires 'Authorization: Bearer <key>'",
     )
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
-    parser.add_argument(
-        "--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
-    )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    add_server_options(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.num_threads is not None:
-        torch.set_num_threads(args.num_threads)
+    dtype = set_up(args)
     api_key: str | None = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env) or None
@@ -948,7 +937,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.verifier,
         args.drafter,
         num_speculative_tokens=args.num_speculative_tokens,
-        dtype=None if args.dtype == "auto" else DTYPES[args.dtype],
+        dtype=dtype,
     )
     served_name = args.served_model_name or args.verifier
     logger.info(
@@ -964,7 +953,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "required" if api_key else "off",
     )
     app = build_app(engine, served_name, api_key=api_key)
-    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level=args.log_level)
+    serve(app, args)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,14 @@ from typing import Any, Literal
 
 import jinja2
 import torch
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from workers.runtimes.local.server import add_server_options, serve, set_up
 
 __all__ = [
     "HiddenStatesExtractor",
@@ -60,11 +61,6 @@ __all__ = [
 
 logger = logging.getLogger("specdeck.hidden_states_server")
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
 
 
 class RequestError(ValueError):
@@ -408,8 +404,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="id listed by /v1/models; must equal the trainer's --verifier-name-or-path "
         "(default: --model as given)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--layer-ids",
         type=int,
@@ -418,23 +412,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="layer ids to extract: the trainer's --target-layer-ids plus num_hidden_layers",
     )
     parser.add_argument("--hidden-states-dir", required=True, help="where files are written")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
-    parser.add_argument(
-        "--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
-    )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    add_server_options(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.num_threads is not None:
-        torch.set_num_threads(args.num_threads)
-    dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
+    dtype = set_up(args)
     extractor = HiddenStatesExtractor(
         args.model, args.layer_ids, args.hidden_states_dir, dtype=dtype
     )
@@ -450,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         extractor.hidden_states_dir,
     )
     app = build_app(extractor, served_name)
-    uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level=args.log_level)
+    serve(app, args)
 
 
 if __name__ == "__main__":
