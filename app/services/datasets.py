@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -290,17 +290,7 @@ def create_upload(session: Session, project_id: str, stream: IO[bytes], *, filen
                           name=_default_name(name, filename, digest),
                           format=scan.format, sha256=digest, path=str(final),
                           num_conversations=scan.num_conversations, num_bytes=scan.num_bytes)
-        try:
-            with session.begin_nested():
-                session.add(dataset)
-                session.flush()
-        except IntegrityError:
-            # A concurrent upload of the same content to this project won the race.
-            existing = _by_sha256(session, project_id, digest)
-            if existing is None:
-                raise
-            return existing, False
-        return dataset, True
+        return _insert_once(session, dataset, lambda: _by_sha256(session, project_id, digest))
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -328,15 +318,23 @@ def create_public(session: Session, project_id: str, public_name: str,
         return existing, False
     dataset = Dataset(project_id=project_id, kind="public", name=name or public_name,
                       public_name=public_name)
+    return _insert_once(session, dataset,
+                        lambda: _by_public_name(session, project_id, public_name))
+
+
+def _insert_once(session: Session, dataset: Dataset,
+                 existing: Callable[[], Dataset | None]) -> tuple[Dataset, bool]:
+    """Insert ``dataset``; if a concurrent request stored the same one first (the unique key
+    says so), return that one instead: ``(dataset, created)``."""
     try:
         with session.begin_nested():
             session.add(dataset)
             session.flush()
     except IntegrityError:
-        existing = _by_public_name(session, project_id, public_name)
-        if existing is None:
+        winner = existing()
+        if winner is None:
             raise
-        return existing, False
+        return winner, False
     return dataset, True
 
 
