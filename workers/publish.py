@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Job, utcnow
-from app.services.publishing import checkpoint_card_fields, render_model_card
+from app.services.publishing import checkpoint_card_fields, evaluation_card_rows, render_model_card
 from app.services.secrets import HF_TOKEN, reveal
 from app.settings import Settings
 from workers.runtimes import StageCommand
@@ -30,7 +30,7 @@ def card(checkpoint: Checkpoint, job: Job, repo_id: str) -> str:
     dataset = {"dataset": spec["dataset"], "format": spec.get("dataset_format"), "mode": spec["mode"]}
     metrics = {**fields.pop("metrics"), **(checkpoint.metrics or {})}
     return render_model_card(repo_id=repo_id, dataset_summary=dataset, metrics=metrics,
-                             evaluation=(checkpoint.metrics or {}).get("evaluation"), **fields)
+                             evaluation=evaluation_card_rows(checkpoint.evaluation), **fields)
 
 
 def publish_command(checkpoint: Checkpoint, repo_id: str, *, private: bool, token: str,

@@ -60,7 +60,9 @@ class JobContext:
     paths: JobPaths = field(init=False)
     secrets: list[str] = field(default_factory=list)
     plan: Plan | None = None  # set once the verifier server's port is known
+    verifier_server: ManagedProcess | None = None  # the hidden-states server, while it runs
     _watched: list[tuple[str, ManagedProcess, Path]] = field(default_factory=list)
+    _stopped: list[ManagedProcess] = field(default_factory=list)
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
     _pgids: list[int] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -151,6 +153,18 @@ class JobContext:
         except LeaseLost:
             log.warning("job %s: lease lost; %s stopped without bookkeeping", self.job_id,
                         proc.description)
+
+    def stop(self, proc: ManagedProcess) -> None:
+        """Stop a process started with ``start`` (SIGTERM to its group, the grace period, then
+        SIGKILL) and record how it ended. It is unwatched first, so its exit is not taken for a
+        crash. Stopping it again does nothing."""
+        self.unwatch(proc)
+        with self._lock:
+            if any(p is proc for p in self._stopped):
+                return
+            self._stopped.append(proc)
+        proc.stop(self.settings.cancel_grace_seconds)
+        self.finish(proc)
 
     def run(self, command: StageCommand, on_line: Callable[[str], None] | None = None) -> int:
         """Run to completion; stops the group on cancel, takeover or shutdown, then raises."""

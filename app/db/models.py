@@ -162,6 +162,9 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Written by the job's evaluating stage: the drafter served as a deployment serves it, on
+    # held-out prompts (acceptance length, per-position acceptance, throughput).
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # The worker whose disk holds it (publishing runs there).
     worker_id: Mapped[str | None] = mapped_column(String(255))

@@ -39,6 +39,14 @@ class Resources(Strict):
     trainer_gpus: int = Field(1, ge=1, le=64)
 
 
+class EvaluateSpec(Strict):
+    """The evaluation after training: held-out prompts sent, greedily, to the best checkpoint
+    served the way a deployment serves it; the engine's counters give the acceptance length."""
+
+    prompts: int = Field(8, ge=1, le=512)
+    max_tokens: int = Field(64, ge=1, le=8192)
+
+
 class JobCreate(Strict):
     verifier: str = Field(min_length=1, max_length=512)
     dataset: str = Field(min_length=1, max_length=512)
@@ -47,7 +55,22 @@ class JobCreate(Strict):
     resources: Resources = Field(default_factory=Resources)
     runtime: Literal["vllm", "local"] | None = None
     publish: str | None = Field(None, max_length=200)
+    # After training, the best checkpoint served on held-out prompts (workers/pipeline/
+    # evaluate.py). false skips it; true or {} uses the defaults.
+    evaluate: EvaluateSpec | None = Field(default_factory=EvaluateSpec)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @field_validator("evaluate", mode="before")
+    @classmethod
+    def _evaluate_switch(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        if not isinstance(value, (dict, EvaluateSpec)):
+            raise ValueError("must be an object such as {\"prompts\": 8, \"max_tokens\": 64}, "
+                             "true for the defaults, or false to skip the evaluation")
+        return value
 
     @field_validator("publish")
     @classmethod
@@ -79,6 +102,7 @@ class JobOut(BaseModel):
     resources: dict[str, Any]
     runtime: str
     publish: str | None
+    evaluate: dict[str, int] | Literal[False]
     metadata: dict[str, str]
     attempt: int
     worker: str | None
@@ -117,6 +141,8 @@ class CheckpointOut(BaseModel):
     path: str
     metrics: dict[str, Any] | None
     is_best: bool
+    # Measured by the job's evaluating stage: acceptance length and throughput when served.
+    evaluation: dict[str, Any] | None
     created_at: datetime
     publish_status: str | None
     publish_error: str | None

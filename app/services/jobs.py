@@ -19,7 +19,7 @@ from app.services.datasets import resolve_for_job
 from app.services.state import JobStatus
 from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
-from workers.runtimes import JobPaths, build_plan
+from workers.runtimes import JobPaths, build_plan, evaluation_settings
 from workers.supervisor import tail
 
 
@@ -57,6 +57,7 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate,
     spec.update(
         **dataset,
         speculator=speculator,
+        evaluate=body.evaluate.model_dump() if body.evaluate is not None else False,
         runtime=body.runtime or settings.default_runtime,
         verifier_info={
             "reference": verifier.reference,
@@ -168,7 +169,8 @@ def job_out(job: Job) -> JobOut:
         id=job.id, status=job.status, stage=job.stage, status_reason=job.status_reason,
         error_code=job.error_code, verifier=spec["verifier"], dataset=spec["dataset"],
         speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
-        runtime=spec["runtime"], publish=spec.get("publish"), metadata=spec.get("metadata", {}),
+        runtime=spec["runtime"], publish=spec.get("publish"),
+        evaluate=evaluation_settings(spec) or False, metadata=spec.get("metadata", {}),
         attempt=job.attempt, worker=job.worker_id, allocation=job.allocation,
         created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,

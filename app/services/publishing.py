@@ -194,6 +194,28 @@ def render_model_card(
     return "\n\n".join(parts) + "\n"
 
 
+def evaluation_card_rows(evaluation: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The Evaluation section's rows for a checkpoint's recorded evaluation (the job's
+    evaluating stage, ``workers/pipeline/evaluate.py``): how it was measured, then the
+    acceptance figures. None when there is no evaluation."""
+    if not evaluation:
+        return None
+    prompts = (f"{evaluation.get('prompts')} ({evaluation.get('prompt_source', 'dataset')}), "
+               f"greedy, at most {evaluation.get('max_tokens')} new tokens each")
+    rows = {
+        "Runtime": (f"{evaluation.get('runtime')} ({evaluation['engine']})" if evaluation.get("engine")
+                    else evaluation.get("runtime")),
+        "Prompts": prompts,
+        "Speculative tokens per step": evaluation.get("num_speculative_tokens"),
+        "Mean acceptance length": evaluation.get("mean_acceptance_length"),
+        "Acceptance rate per position": evaluation.get("acceptance_rate_per_position") or None,
+        "Drafted tokens accepted": evaluation.get("draft_acceptance_rate"),
+        "Completion tokens": evaluation.get("completion_tokens"),
+        "Output tokens/s": evaluation.get("output_tokens_per_s"),
+    }
+    return {k: v for k, v in rows.items() if v is not None}
+
+
 def checkpoint_card_fields(checkpoint_dir: str | Path) -> dict[str, Any]:
     """The ``render_model_card`` arguments a checkpoint directory provides by itself:
     checkpoint_config, verifier, layer_ids, block_size, draft_vocab_size and metrics (the

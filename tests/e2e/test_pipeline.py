@@ -65,13 +65,52 @@ def test_demo_job_trains_a_dflash_drafter(pg_api: Api, pg_stack: Stack, demo) ->
     val_eal = sorted((m["epoch"], m["value"]) for m in metrics if m["name"] == "val/eal_epoch")
     assert [epoch for epoch, _ in val_eal] == [0, 1]
 
-    stages = [e["stage"] for e in pg_api.events(job["id"]) if e["kind"] == "status" and e["stage"]]
-    assert stages == ["starting_verifier", "preparing_data", "training"]
+    events = pg_api.events(job["id"])
+    stages = [e["stage"] for e in events if e["kind"] == "status" and e["stage"]]
+    assert stages == ["starting_verifier", "preparing_data", "training", "evaluating"]
+    assert_evaluated(pg_api, job["id"], checkpoints, events, metrics)
     assert hidden_state_files(pg_stack, job["id"]) == []
     assert not (Path(pg_stack.env["SPECDECK_WORK_ROOT"]) / job["id"] / "hidden_states").exists()
     assert job_processes(job["id"]) == []
     log = pg_api.get(f"/api/jobs/{job['id']}/logs", params={"tail": 5000}).text
     assert "Checkpoint saved to" in log
+
+
+def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: list[dict],
+                     metrics: list[dict]) -> dict:
+    """The evaluating stage served the best checkpoint, measured it, recorded it, and stopped."""
+    [best] = [c for c in checkpoints if c["is_best"]]
+    assert [c["evaluation"] for c in checkpoints if not c["is_best"]] == [None] * (len(checkpoints) - 1)
+    evaluation = best["evaluation"]
+    assert evaluation["checkpoint_id"] == best["id"] and evaluation["epoch"] == best["epoch"]
+    assert evaluation["runtime"] == "local" and evaluation["temperature"] == 0
+    assert evaluation["prompts"] == 8 and evaluation["max_tokens"] == 64
+    assert evaluation["prompt_source"] == "validation split"  # held out from training
+    assert evaluation["num_speculative_tokens"] == CPU_SPECULATOR["block_size"] - 1
+    assert 0 < evaluation["completion_tokens"] <= 8 * 64 and evaluation["output_tokens_per_s"] > 0
+    assert evaluation["drafts"] > 0
+    al = evaluation["mean_acceptance_length"]
+    assert al == round(1 + evaluation["accepted_tokens"] / evaluation["drafts"], 4)
+    assert al > 1.0, evaluation  # a trained drafter gets tokens accepted
+    rates = evaluation["acceptance_rate_per_position"]
+    assert len(rates) == CPU_SPECULATOR["block_size"] - 1
+    assert rates == sorted(rates, reverse=True) and rates[0] > 0  # position i needs i - 1
+    assert abs(sum(rates) - (al - 1)) < 1e-3  # the per-position rates add up to AL - 1
+    assert api.get(f"/api/checkpoints/{best['id']}").json()["evaluation"] == evaluation
+
+    [event] = [e for e in events if e["kind"] == "evaluated"]
+    assert event["message"].startswith(f"mean acceptance length {al:.2f} over 8 prompts")
+    assert event["stage"] == "evaluating" and event["data"] == evaluation
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("verifier_stopped") < kinds.index("evaluation_started") < kinds.index("evaluated")
+    [engine] = [e for e in events if e["kind"] == "process" and "evaluating the best checkpoint" in e["message"]
+                and e["message"].startswith("starting")]
+    assert engine["data"]["env"]["SPECDECK_UPSTREAM_KEY"] == "***"  # the key is redacted
+    assert best["path"] in engine["data"]["argv"]  # the best checkpoint is the drafter
+    recorded = {m["name"]: m["value"] for m in metrics if m["name"].startswith("eval/")}
+    assert recorded["eval/mean_acceptance_length"] == al
+    assert [recorded[f"eval/acceptance_rate_pos_{i}"] for i in range(len(rates))] == rates
+    return evaluation
 
 
 def test_killed_worker_resumes_from_the_epoch_checkpoint(pg_api: Api, pg_stack: Stack, demo) -> None:

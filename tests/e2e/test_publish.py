@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.services.publishing import _fmt
 from tests.conftest import Api, Stack
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
 from tests.integration.test_dispatch import wait_for
@@ -63,6 +64,16 @@ def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_st
         assert files["model.safetensors"] == (Path(best["path"]) / "model.safetensors").read_bytes()
         card = files["README.md"].decode()
         assert '"method": "dflash"' in card and REPO in card and "2, 4, 5" in card
+        # the evaluation ran before publishing: its numbers are in the card, not a placeholder
+        evaluation = best["evaluation"]
+        assert evaluation["mean_acceptance_length"] > 1.0, evaluation
+        section = card.split("## Evaluation", 1)[1].split("## Files", 1)[0]
+        assert "Not evaluated yet" not in card
+        assert f"| Mean acceptance length | {_fmt(evaluation['mean_acceptance_length'])} |" in section
+        assert (f"| Acceptance rate per position | {_fmt(evaluation['acceptance_rate_per_position'])} |"
+                in section)
+        assert f"| Prompts | {evaluation['prompts']} (validation split)" in section
+        assert "| Runtime | local (local DFlash engine (CPU)" in section
         assert hub.repo(REPO)["private"] is True
         commits = len(hub.commits(REPO))
         assert best["publish_status"] == "published" and best["hub_commit"]

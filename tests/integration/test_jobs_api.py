@@ -144,12 +144,42 @@ def stack_spec(stack: Stack, job_id: str) -> dict:
     ({"dataset": "missing.jsonl"}, "dataset_not_found", "dataset"),
     ({"publish": "no slash"}, "invalid_value", "publish"),
     ({"resources": {"trainer_gpus": 0}}, "invalid_value", "resources.trainer_gpus"),
+    ({"evaluate": {"prompts": 0}}, "invalid_value", "evaluate.prompts"),
+    ({"evaluate": {"prompts": 513}}, "invalid_value", "evaluate.prompts"),
+    ({"evaluate": {"max_tokens": 0}}, "invalid_value", "evaluate.max_tokens"),
+    ({"evaluate": {"max_tokens": 8193}}, "invalid_value", "evaluate.max_tokens"),
+    ({"evaluate": {"temperature": 1}}, "unknown_field", "evaluate.temperature"),
+    ({"evaluate": "yes"}, "invalid_value", "evaluate"),
+    ({"evaluate": None}, "invalid_value", "evaluate"),
 ])
 def test_bad_input_is_rejected_and_writes_nothing(api: Api, job_body, stack: Stack,
                                                    overrides, code, param) -> None:
     before = count_jobs(stack)
     assert_error(api.post("/api/jobs", json=job_body(**overrides)), 422, code, param)
     assert count_jobs(stack) == before
+
+
+def test_evaluation_settings_default_skip_and_explain_errors(api: Api, job_body, stack: Stack) -> None:
+    default = api.post("/api/jobs", json=job_body()).json()
+    assert default["evaluate"] == {"prompts": 8, "max_tokens": 64}
+    stages = [s["stage"] for s in api.get(f"/api/jobs/{default['id']}/plan").json()["stages"]]
+    assert stages[-1] == "evaluating"
+    custom = api.post("/api/jobs", json=job_body(evaluate={"prompts": 32})).json()
+    assert custom["evaluate"] == {"prompts": 32, "max_tokens": 64}
+    assert stack_spec(stack, custom["id"])["evaluate"] == {"prompts": 32, "max_tokens": 64}
+    assert api.post("/api/jobs", json=job_body(evaluate=True)).json()["evaluate"] == {
+        "prompts": 8, "max_tokens": 64}
+    skipped = api.post("/api/jobs", json=job_body(evaluate=False)).json()
+    assert skipped["evaluate"] is False
+    assert stack_spec(stack, skipped["id"])["evaluate"] is False
+    plan = api.get(f"/api/jobs/{skipped['id']}/plan").json()
+    assert "evaluating" not in [s["stage"] for s in plan["stages"]]
+    error = assert_error(api.post("/api/jobs", json=job_body(evaluate={"max_tokens": 10**6})),
+                         422, "invalid_value", "evaluate.max_tokens")
+    assert "less than or equal to 8192" in error["message"]
+    error = assert_error(api.post("/api/jobs", json=job_body(evaluate=8)), 422, "invalid_value",
+                         "evaluate")
+    assert "false to skip the evaluation" in error["message"]
 
 
 def test_verifier_symlink_out_of_the_models_root_is_rejected(api: Api, job_body, stack: Stack,

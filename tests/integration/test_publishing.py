@@ -165,6 +165,28 @@ def test_card_names_the_drafter_and_the_exact_serve_command(checkpoint: Path) ->
     assert build_card(checkpoint) == card
 
 
+def test_card_of_a_checkpoint_shows_its_recorded_evaluation(checkpoint: Path) -> None:
+    """workers/publish.py card(): what the publishing stage uploads, from the database rows."""
+    from app.db.models import Checkpoint, Job
+    from tests.unit.test_evaluate import EVALUATION as RECORDED
+    from workers.publish import card
+
+    job = Job(spec={"verifier": VERIFIER, "dataset": "ds_1", "dataset_format": "conversations",
+                    "mode": "online"})
+    unevaluated = card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=None), job, REPO_ID)
+    assert "Not evaluated yet" in unevaluated
+    text = card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=RECORDED), job, REPO_ID)
+    assert "Not evaluated yet" not in text
+    evaluation = text.split("## Evaluation", 1)[1].split("## Files", 1)[0]
+    assert "| Mean acceptance length | 2.3125 |" in evaluation
+    assert "| Acceptance rate per position | [0.75, 0.4375, 0.125] |" in evaluation
+    assert "| Prompts | 8 (validation split), greedy, at most 64 new tokens each |" in evaluation
+    assert "| Runtime | local (local DFlash engine (CPU), evaluating the best checkpoint) |" in evaluation
+    assert "| Output tokens/s | 14.8 |" in evaluation
+    assert "ckpt_1" not in text  # internal ids stay out of the card
+    assert card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=RECORDED), job, REPO_ID) == text
+
+
 def test_card_for_a_local_verifier_has_no_base_model() -> None:
     card = render_model_card(repo_id="me/draft", checkpoint_config={}, verifier="/models/demo",
                              layer_ids=(2, 4, 5), block_size=8, draft_vocab_size=1536,

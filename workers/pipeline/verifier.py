@@ -16,12 +16,8 @@ def start_verifier(ctx: JobContext) -> None:
     ctx.paths.hidden_states.mkdir(parents=True, exist_ok=True)
     log_path = ctx.paths.root / "verifier-server.log"
     proc = ctx.start(command, log_path=log_path)
-
-    def stop_server() -> None:
-        proc.stop(ctx.settings.cancel_grace_seconds)
-        ctx.finish(proc)
-
-    ctx.on_cleanup(stop_server)
+    ctx.on_cleanup(lambda: ctx.stop(proc))  # the evaluating stage may have stopped it already
+    ctx.verifier_server = proc
     served_name = ctx.spec["verifier_info"]["reference"]
     wait_ready(ctx, proc, f"http://127.0.0.1:{port}", served_name, what="verifier server",
                log_path=log_path, timeout=ctx.settings.verifier_ready_seconds)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +146,11 @@ def build_plan(spec: dict[str, Any], paths: JobPaths, *, port: int | None = None
     from workers.runtimes.local import commands as local
 
     runtime = {"vllm": vllm, "local": local}[spec["runtime"]]
-    return runtime.build(spec, paths, port=port, gpus=gpus)
+    plan = runtime.build(spec, paths, port=port, gpus=gpus)
+    if evaluation_settings(spec) is not None:  # the drafter is known once training ends
+        plan.stages.append(evaluation_command(spec, "<best checkpoint>", port="<port>",
+                                              gpus=plan.verifier_gpus, api_key=""))
+    return plan
 
 
 def build_serve(spec: dict[str, Any], name: str, *, port: int | str, host: str,
@@ -158,6 +162,42 @@ def build_serve(spec: dict[str, Any], name: str, *, port: int | str, host: str,
     runtime = {"vllm": vllm, "local": local}[spec["runtime"]]
     return runtime.serve_command(spec, name, port=port, host=host, gpus=gpus or [],
                                  api_key=api_key)
+
+
+EVALUATION_MODEL = "specdeck-evaluation"  # the name the evaluation engine serves
+
+
+def evaluation_settings(spec: dict[str, Any]) -> dict[str, int] | None:
+    """The job's evaluation settings (prompts, max_tokens), or None when it skips it. A job
+    created before the evaluation existed gets the defaults."""
+    from app.schemas.jobs import EvaluateSpec
+
+    value = spec.get("evaluate", {})
+    if value is False or value is None:
+        return None
+    return EvaluateSpec(**value).model_dump()
+
+
+def evaluation_serve_spec(spec: dict[str, Any], drafter: str) -> dict[str, Any]:
+    """A job's best checkpoint as a deployment of it would be specified: its verifier,
+    block_size - 1 speculative tokens, the verifier's tensor parallelism, the job's runtime."""
+    return {"verifier": spec["verifier_info"]["reference"], "drafter": drafter,
+            "num_speculative_tokens": spec["speculator"]["block_size"] - 1,
+            "runtime": spec["runtime"],
+            "resources": {"tensor_parallel_size":
+                          spec["resources"]["verifier"]["tensor_parallel_size"]}}
+
+
+def evaluation_command(spec: dict[str, Any], drafter: str, *, port: int | str,
+                       gpus: list[int], api_key: str) -> StageCommand:
+    """The evaluating stage's engine: exactly a deployment's serving command (``build_serve``)
+    for ``drafter``, on the first tensor-parallel-size of the verifier's GPUs."""
+    serve_spec = evaluation_serve_spec(spec, drafter)
+    tp = serve_spec["resources"]["tensor_parallel_size"]
+    command = build_serve(serve_spec, EVALUATION_MODEL, port=port, host="127.0.0.1",
+                          gpus=gpus[:tp], api_key=api_key)
+    return replace(command, stage="evaluating",
+                   description=f"{command.description}, evaluating the best checkpoint")
 
 
 def spec_summary(spec: dict[str, Any]) -> str:

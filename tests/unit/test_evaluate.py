@@ -1,0 +1,219 @@
+"""The evaluating stage's pure parts: reading the engine's speculative-decoding counters, the
+acceptance-length math, picking held-out prompts, the serving command it starts, and what the
+model card shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.services.publishing import evaluation_card_rows
+from tests.unit.test_runtimes import PATHS, SPEC, spec
+from workers.pipeline.evaluate import (
+    FirstTurn,
+    SpecDecodeCounters,
+    acceptance,
+    first_turn,
+    last_conversations,
+    match_prompts,
+    parse_counters,
+    summary,
+)
+from workers.runtimes import EVALUATION_MODEL, build_plan, build_serve, evaluation_command
+
+# What vLLM's /metrics looks like: counters with a _total suffix, one series per engine.
+VLLM_METRICS = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 30.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 10.0
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 90.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 30.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 45.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 15.0
+vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e9
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 25.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 10.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 5.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="m"} 1000.0
+"""
+
+
+def test_vllm_counters_are_summed_over_engines() -> None:
+    counters = parse_counters(VLLM_METRICS)
+    assert counters == SpecDecodeCounters(drafts=40, draft_tokens=120, accepted_tokens=60,
+                                          accepted_per_position={0: 35, 1: 20, 2: 5})
+
+
+def test_acceptance_length_is_one_plus_accepted_per_draft_from_the_difference() -> None:
+    before = SpecDecodeCounters(drafts=10, draft_tokens=30, accepted_tokens=12,
+                                accepted_per_position={0: 8, 1: 4})
+    after = parse_counters(VLLM_METRICS)
+    figures = acceptance(after - before, num_speculative_tokens=3)
+    # 30 drafts, 48 accepted: AL = 1 + 48 / 30
+    assert figures["mean_acceptance_length"] == 2.6
+    assert figures["acceptance_rate_per_position"] == [0.9, 0.5333, 0.1667]
+    assert figures["draft_acceptance_rate"] == round(48 / 90, 4)
+    assert (figures["drafts"], figures["draft_tokens"], figures["accepted_tokens"]) == (30, 90, 48)
+
+
+def test_no_drafts_means_no_acceptance_length() -> None:
+    figures = acceptance(SpecDecodeCounters(), num_speculative_tokens=7)
+    assert figures["mean_acceptance_length"] is None
+    assert figures["acceptance_rate_per_position"] == []
+    assert figures["draft_acceptance_rate"] is None
+
+
+def test_positions_never_seen_count_as_zero() -> None:
+    figures = acceptance(SpecDecodeCounters(drafts=4, draft_tokens=12, accepted_tokens=2,
+                                            accepted_per_position={0: 2}), num_speculative_tokens=3)
+    assert figures["mean_acceptance_length"] == 1.5
+    assert figures["acceptance_rate_per_position"] == [0.5, 0.0, 0.0]
+
+
+def test_the_local_engines_own_metrics_read_the_same_way() -> None:
+    """The CPU engine's /metrics exposition (its real registry), after three decode steps."""
+    from workers.runtimes.local.engine import DecodeStep, SpecDecodeMetrics
+
+    metrics = SpecDecodeMetrics("demo", num_speculative_tokens=3)
+    before = parse_counters(metrics.render().decode())
+    for accepted in (3, 1, 0):
+        metrics.observe(DecodeStep(token_ids=list(range(accepted + 1)), num_draft_tokens=3,
+                                   num_accepted_tokens=accepted))
+    metrics.observe(DecodeStep(token_ids=[1], num_draft_tokens=0, num_accepted_tokens=0))  # prefill
+    figures = acceptance(parse_counters(metrics.render().decode()) - before, 3)
+    assert figures["mean_acceptance_length"] == round(1 + 4 / 3, 4)
+    assert figures["acceptance_rate_per_position"] == [round(2 / 3, 4), round(1 / 3, 4), round(1 / 3, 4)]
+    assert figures["drafts"] == 3 and figures["draft_tokens"] == 9
+
+
+# --- held-out prompts -----------------------------------------------------------------------
+
+def test_first_turn_of_sharegpt_and_openai_conversations() -> None:
+    sharegpt = {"conversations": [{"from": "system", "value": "Be brief."},
+                                  {"from": "human", "value": "Why is the sky blue?"},
+                                  {"from": "gpt", "value": "Rayleigh scattering."},
+                                  {"from": "human", "value": "And sunsets?"}]}
+    assert first_turn(sharegpt) == FirstTurn(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}],
+        "Rayleigh scattering.")
+    openai = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                           {"role": "assistant", "content": "Hello"}]}
+    assert first_turn(openai) == FirstTurn([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                                           "Hello")
+    assert first_turn({"messages": [{"role": "assistant", "content": "I start"}]}) is None
+    assert first_turn({"messages": [{"role": "user", "content": "  "}]}) is None
+
+
+def chat(user: str, reply: str, system: str | None = None) -> dict:
+    turns = ([{"from": "system", "value": system}] if system else []) + [
+        {"from": "human", "value": user}, {"from": "gpt", "value": reply}]
+    return {"conversations": turns}
+
+
+def rendered(*parts: str) -> str:
+    """A chat template's text around the turns, with its own whitespace."""
+    return "".join(f"<|im_start|>{p}\n<|im_end|>\n" for p in parts) + "<|im_start|>assistant\n"
+
+
+def test_validation_rows_are_traced_back_to_first_turns() -> None:
+    records = [chat("Tell me about the old mill.", "It grinds wheat."),
+               chat("What does the lantern do?", "It glows.", system="You are a guide."),
+               chat("What does the lantern do?", "It glows at night."),  # same question, no system
+               chat("Tell me about the river.", "It flows east.")]
+    texts = [
+        rendered("system You are a guide.", "user What does the lantern   do?"),  # spacing differs
+        # a second-turn row: its prompt holds the first reply, so it is no first turn
+        rendered("user Tell me about the old mill.", "assistant It grinds wheat.", "user More?"),
+        rendered("user Tell me about the river."),
+    ]
+    turns = (first_turn(r) for r in records)
+    prompts = match_prompts(texts, (t for t in turns if t is not None))
+    assert prompts == [
+        # the most specific conversation wins: the one with the system turn
+        [{"role": "system", "content": "You are a guide."},
+         {"role": "user", "content": "What does the lantern do?"}],
+        [{"role": "user", "content": "Tell me about the river."}],
+    ]
+
+
+def test_last_conversations_fallback(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(chat(f"question {i}", f"answer {i}")) for i in range(10))
+                    + "\n\n" + json.dumps({"messages": [{"role": "assistant", "content": "x"}]}) + "\n")
+    assert last_conversations(path, 3) == [[{"role": "user", "content": f"question {i}"}]
+                                           for i in (7, 8, 9)]
+    assert len(last_conversations(path, 50)) == 10
+
+
+# --- the engine it starts, the event and the card --------------------------------------------
+
+@pytest.mark.parametrize("runtime", ["vllm", "local"])
+def test_the_engine_is_a_deployments_serving_command(runtime: str) -> None:
+    job = spec(runtime=runtime)
+    command = evaluation_command(job, "/w/job/checkpoints/2", port=9001, gpus=[0, 1, 2, 3],
+                                 api_key="secret-key")
+    deployment = build_serve({"verifier": "Qwen/Qwen3-8B", "drafter": "/w/job/checkpoints/2",
+                              "num_speculative_tokens": 15, "runtime": runtime,
+                              "resources": {"tensor_parallel_size": 2}},
+                             EVALUATION_MODEL, port=9001, host="127.0.0.1", gpus=[0, 1],
+                             api_key="secret-key")
+    assert command.argv == deployment.argv and command.env == deployment.env
+    assert command.stage == "evaluating"
+    assert "secret-key" not in " ".join(command.argv)  # the key travels in the environment
+    assert "secret-key" not in json.dumps(command.redacted_env())
+    if runtime == "vllm":
+        assert command.env["CUDA_VISIBLE_DEVICES"] == "0,1"  # tensor-parallel-size of the verifier's GPUs
+        assert json.loads(command.argv[command.argv.index("--speculative-config") + 1]) == {
+            "method": "dflash", "model": "/w/job/checkpoints/2", "num_speculative_tokens": 15}
+
+
+def test_the_plan_shows_the_evaluation_unless_it_is_skipped() -> None:
+    plan = build_plan(SPEC, PATHS, port=8123)
+    evaluating = plan.stage("evaluating")
+    assert "<best checkpoint>" in evaluating.argv[evaluating.argv.index("--speculative-config") + 1]
+    assert evaluating.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "evaluating" not in [s.stage for s in build_plan(spec(evaluate=False), PATHS).stages]
+
+
+EVALUATION = {"checkpoint_id": "ckpt_1", "epoch": 1, "runtime": "local",
+              "engine": "local DFlash engine (CPU), evaluating the best checkpoint", "prompts": 8,
+              "requested_prompts": 8, "prompt_source": "validation split", "max_tokens": 64,
+              "temperature": 0, "num_speculative_tokens": 3, "mean_acceptance_length": 2.3125,
+              "acceptance_rate_per_position": [0.75, 0.4375, 0.125], "draft_acceptance_rate": 0.4375,
+              "drafts": 16, "draft_tokens": 48, "accepted_tokens": 21, "completion_tokens": 37,
+              "seconds": 2.5, "output_tokens_per_s": 14.8}
+
+
+def test_the_event_reads_as_a_sentence() -> None:
+    assert summary(EVALUATION) == ("mean acceptance length 2.31 over 8 prompts (epoch 1 checkpoint, "
+                                   "local runtime, 14.8 output tokens/s)")
+    assert summary({**EVALUATION, "mean_acceptance_length": None}).startswith(
+        "no speculative drafts were made over 8 prompts")
+
+
+def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
+    rows = evaluation_card_rows(EVALUATION)
+    assert rows == {
+        "Runtime": "local (local DFlash engine (CPU), evaluating the best checkpoint)",
+        "Prompts": "8 (validation split), greedy, at most 64 new tokens each",
+        "Speculative tokens per step": 3,
+        "Mean acceptance length": 2.3125,
+        "Acceptance rate per position": [0.75, 0.4375, 0.125],
+        "Drafted tokens accepted": 0.4375,
+        "Completion tokens": 37,
+        "Output tokens/s": 14.8,
+    }
+    assert evaluation_card_rows(None) is None and evaluation_card_rows({}) is None
