@@ -168,3 +168,24 @@ def test_cancel_during_training(pg_api: Api, pg_stack: Stack, demo) -> None:
     assert done["status"] == "cancelled"
     wait_for(lambda: job_processes(job["id"]) == [], 10 - (time.monotonic() - start), "processes to go")
     assert hidden_state_files(pg_stack, job["id"]) == []
+
+
+def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack, demo) -> None:
+    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
+    body = {**demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": 1},
+            "evaluate": {"prompts": 64, "max_tokens": 1024}}  # long enough to be caught mid-way
+    response = pg_api.post("/api/jobs", json=body)
+    assert response.status_code == 201, response.text
+    job = response.json()
+    wait_for(lambda: event_seen(pg_api, job["id"], "evaluation_started"), 600, "the evaluation")
+    engines = [pid for pid in job_processes(job["id"])
+               if b"workers.runtimes.local.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert engines and server_pids(job["id"]) == []  # the hidden-states server made room for it
+    pg_api.post(f"/api/jobs/{job['id']}/cancel")
+    start = time.monotonic()
+    done = pg_api.wait_status(job["id"], {"cancelled", "failed", "succeeded"}, timeout=10)
+    assert done["status"] == "cancelled", done
+    wait_for(lambda: job_processes(job["id"]) == [], 10 - (time.monotonic() - start), "the engine to go")
+    checkpoints = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+    assert checkpoints and all(c["evaluation"] is None for c in checkpoints)
+    assert not event_seen(pg_api, job["id"], "evaluated")
