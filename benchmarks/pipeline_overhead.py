@@ -69,7 +69,9 @@ def specdeck_run(base: Path, model: Path, data: Path, epochs: int) -> tuple[dict
                     dataset = client.post("/api/datasets", files={"file": ("demo.jsonl", f)}).json()["id"]
                 job = client.post("/api/jobs", json={
                     "verifier": model.name, "dataset": dataset, "runtime": "local",
-                    "speculator": {**CPU_SPECULATOR, "epochs": epochs}}).json()
+                    "speculator": {**CPU_SPECULATOR, "epochs": epochs},
+                    # The by-hand run has no evaluation: compare the same work.
+                    "evaluate": False}).json()
                 deadline = time.monotonic() + 1800
                 while time.monotonic() < deadline:
                     status = client.get(f"/api/jobs/{job['id']}").json()["status"]
@@ -158,7 +160,8 @@ def main() -> None:
         finished = ts(next(e["created_at"] for e in events if e["status"] == "succeeded"))
         wall = (finished - created).total_seconds()
         inside = inside_seconds(events)
-        job_root = str(Path(plan["stages"][-1]["argv"][plan["stages"][-1]["argv"].index("--save-path") + 1]).parent)
+        training = next(s for s in plan["stages"] if s["stage"] == "training")["argv"]
+        job_root = str(Path(training[training.index("--save-path") + 1]).parent)
         direct = direct_run(plan, job_root, base)
 
     overhead = wall - sum(inside.values())
