@@ -111,7 +111,6 @@ def direct_run(plan: dict, job_root: str, base: Path) -> dict[str, float]:
         return [a.replace("<port>", str(port)).replace(job_root, str(root)) for a in stage["argv"]]
 
     by_stage = {s["stage"]: s for s in plan["stages"]}
-    env = {**os.environ, **by_stage["training"]["env"]}
     timings: dict[str, float] = {}
     start = time.monotonic()
     with (root / "server.log").open("wb") as log:
