@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-from collections import deque
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
