@@ -19,7 +19,8 @@ traffic; and one request per target in turn, where every request finds the proce
 VM an idle vCPU halts, and waking it costs; a proxy has two processes to wake).
 
 Throughput: N concurrent keep-alive connections sending streaming requests for a few seconds,
-per target in turn, a few rounds (median). Two upstreams:
+per target in turn, a few rounds (median), with the CPU time each process (client, proxy,
+upstream) spent per request, read from /proc around each round. Two upstreams:
 
 * paced: 16 chunks 5 ms apart (200 chunks/s per stream: faster than a real engine, which sends a
   chunk per step, 10-20 ms for an 8B model): the upstream's pace bounds the throughput, as a GPU
