@@ -35,7 +35,8 @@ def run_job_task(job_id: str) -> None:
         log.info("job %s is not queued (duplicate or stale message): nothing to do", job_id)
         return
     with session_scope() as session:
-        spec = session.scalar(select(Job.spec).where(Job.id == job_id))
+        row = session.execute(select(Job.spec, Job.allocation).where(Job.id == job_id)).one()
+        spec = {**row.spec, "allocation": row.allocation}  # the GPUs the scheduler gave it
     run_job(lease, spec, settings)
 
 

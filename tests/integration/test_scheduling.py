@@ -48,6 +48,9 @@ def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Ap
     assert first_window[1] <= second_window[0], "the two jobs overlapped"
     scheduled = [e for e in pg_api.events(second["id"]) if e["kind"] == "scheduled"]
     assert scheduled and scheduled[0]["data"]["allocation"]["verifier"] == [0, 1]
+    for job in (first, second):  # the worker ran each on the GPUs it was allocated
+        [given] = [e for e in pg_api.events(job["id"]) if e["kind"] == "test_allocation"]
+        assert given["data"]["allocation"] == {"verifier": [0, 1], "trainer": [2]}
     assert allocations(pg_stack) == 0
 
 

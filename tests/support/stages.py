@@ -12,6 +12,7 @@ from workers.runtimes import StageCommand
 
 def run_child(ctx: JobContext) -> None:
     meta = ctx.spec.get("metadata", {})
+    ctx.event("test_allocation", "what the worker was given", {"allocation": ctx.spec.get("allocation")})
     argv = [sys.executable, "-m", "tests.support.child", "--seconds", meta.get("test_seconds", "1")]
     if meta.get("test_pid_dir"):
         argv += ["--pid-file", f"{meta['test_pid_dir']}/{ctx.job_id}-{ctx.lease.attempt}.pid"]

@@ -108,6 +108,20 @@ def test_explicit_gpu_assignment_is_used() -> None:
     assert plan.stage("training").env["CUDA_VISIBLE_DEVICES"] == "6,7"
 
 
+def test_a_job_runs_on_the_gpus_the_scheduler_allocated() -> None:
+    """The worker gets the job's allocation with its spec (workers/tasks.py); every stage,
+    evaluation included, runs on those GPUs, not on the default 0..n."""
+    from workers.pipeline.verifier import allocated_gpus
+
+    placed = spec(allocation={"verifier": [4, 5], "trainer": [6, 7]})
+    plan = build_plan(placed, PATHS, port=1, gpus=allocated_gpus(placed))
+    env = {s.stage: s.env.get("CUDA_VISIBLE_DEVICES") for s in plan.stages}
+    assert env["starting_verifier"] == "4,5" and env["training"] == "6,7"
+    assert env["evaluating"] == "4,5"
+    assert allocated_gpus(spec(allocation=None)) is None
+    assert allocated_gpus(spec(allocation={"slot": [0]})) is None  # the local runtime's CPU slot
+
+
 @pytest.mark.parametrize("mode, on_missing, offline_step", [
     ("online", "generate", False), ("offline", "raise", True), ("hybrid", "generate", True)])
 def test_mode_mapping(mode: str, on_missing: str, offline_step: bool) -> None:

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from workers.pipeline.preflight import preflight
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext
 from workers.runtimes import build_plan
 
 
+def allocated_gpus(spec: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+    """The (verifier, trainer) GPUs the scheduler allocated; None on the local runtime."""
+    allocation = spec.get("allocation") or {}
+    if "verifier" not in allocation:
+        return None
+    return list(allocation["verifier"]), list(allocation.get("trainer", []))
+
+
 def start_verifier(ctx: JobContext) -> None:
     preflight(ctx)
     port = free_port()
-    ctx.plan = build_plan(ctx.spec, ctx.paths, port=port)
+    ctx.plan = build_plan(ctx.spec, ctx.paths, port=port, gpus=allocated_gpus(ctx.spec))
     command = ctx.plan.stage("starting_verifier")
     ctx.paths.hidden_states.mkdir(parents=True, exist_ok=True)
     log_path = ctx.paths.root / "verifier-server.log"
