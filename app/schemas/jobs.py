@@ -45,6 +45,9 @@ class EvaluateSpec(Strict):
 
     prompts: int = Field(8, ge=1, le=512)
     max_tokens: int = Field(64, ge=1, le=8192)
+    # Also serve the verifier alone (no speculative decoding) on the same prompts: the speedup
+    # is output tokens/s with the drafter over without it, and the outputs must be the same.
+    baseline: bool = True
 
 
 class JobCreate(Strict):

@@ -212,6 +212,9 @@ def evaluation_card_rows(evaluation: Mapping[str, Any] | None) -> dict[str, Any]
         "Drafted tokens accepted": evaluation.get("draft_acceptance_rate"),
         "Completion tokens": evaluation.get("completion_tokens"),
         "Output tokens/s": evaluation.get("output_tokens_per_s"),
+        "Output tokens/s, verifier alone": evaluation.get("baseline_output_tokens_per_s"),
+        "Speedup vs. no speculation": evaluation.get("speedup"),
+        "Outputs identical to the verifier alone": evaluation.get("outputs_identical_to_baseline"),
     }
     return {k: v for k, v in rows.items() if v is not None}
 

@@ -98,6 +98,11 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
     assert abs(sum(rates) - (al - 1)) < 1e-3  # the per-position rates add up to AL - 1
     assert api.get(f"/api/checkpoints/{best['id']}").json()["evaluation"] == evaluation
 
+    # The verifier alone on the same prompts: greedy decoding is lossless, so the same text.
+    assert evaluation["outputs_identical_to_baseline"] == f"{evaluation['prompts']}/{evaluation['prompts']}"
+    assert evaluation["baseline_output_tokens_per_s"] > 0 and evaluation["speedup"] > 0
+    assert evaluation["speedup"] == pytest.approx(
+        evaluation["output_tokens_per_s"] / evaluation["baseline_output_tokens_per_s"], rel=0.01)
     [event] = [e for e in events if e["kind"] == "evaluated"]
     assert event["message"].startswith(f"mean acceptance length {al:.2f} over 8 prompts")
     assert event["stage"] == "evaluating" and event["data"] == evaluation

@@ -32,7 +32,7 @@ def test_a_checkpoint_with_its_evaluation_is_not_evaluated_again(pg_api: Api, pg
     from app.db.models import Checkpoint, Job
     from workers.pipeline.evaluate import evaluate
 
-    job_id = pg_api.post("/api/jobs", json=pg_job_body(evaluate={"prompts": 8})).json()["id"]
+    job_id = pg_api.post("/api/jobs", json=pg_job_body(evaluate={"prompts": 8, "baseline": False})).json()["id"]
     with session_scope() as session:
         spec = session.get(Job, job_id).spec
         older = Checkpoint(job_id=job_id, epoch=0, path="/w/0")
@@ -59,6 +59,9 @@ def test_an_evaluation_of_something_else_does_not_count(change: dict[str, Any]) 
     from workers.pipeline.evaluate import _already_evaluated
 
     checkpoint = Checkpoint(id="ckpt_1", evaluation=EVALUATION)
-    assert _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64})
+    assert _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64, "baseline": False})
     checkpoint.evaluation = {**EVALUATION, **change}
-    assert not _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64})
+    assert not _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64, "baseline": False})
+    # Asked for the baseline now, evaluated without it then: evaluated again.
+    checkpoint.evaluation = EVALUATION
+    assert not _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64, "baseline": True})

@@ -161,14 +161,15 @@ def test_bad_input_is_rejected_and_writes_nothing(api: Api, job_body, stack: Sta
 
 def test_evaluation_settings_default_skip_and_explain_errors(api: Api, job_body, stack: Stack) -> None:
     default = api.post("/api/jobs", json=job_body()).json()
-    assert default["evaluate"] == {"prompts": 8, "max_tokens": 64}
+    assert default["evaluate"] == {"prompts": 8, "max_tokens": 64, "baseline": True}
     stages = [s["stage"] for s in api.get(f"/api/jobs/{default['id']}/plan").json()["stages"]]
     assert stages[-1] == "evaluating"
     custom = api.post("/api/jobs", json=job_body(evaluate={"prompts": 32})).json()
-    assert custom["evaluate"] == {"prompts": 32, "max_tokens": 64}
-    assert stack_spec(stack, custom["id"])["evaluate"] == {"prompts": 32, "max_tokens": 64}
+    assert custom["evaluate"] == {"prompts": 32, "max_tokens": 64, "baseline": True}
+    assert stack_spec(stack, custom["id"])["evaluate"] == {"prompts": 32, "max_tokens": 64,
+                                                           "baseline": True}
     assert api.post("/api/jobs", json=job_body(evaluate=True)).json()["evaluate"] == {
-        "prompts": 8, "max_tokens": 64}
+        "prompts": 8, "max_tokens": 64, "baseline": True}
     skipped = api.post("/api/jobs", json=job_body(evaluate=False)).json()
     assert skipped["evaluate"] is False
     assert stack_spec(stack, skipped["id"])["evaluate"] is False

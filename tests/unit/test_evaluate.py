@@ -195,6 +195,8 @@ EVALUATION = {"checkpoint_id": "ckpt_1", "epoch": 1, "runtime": "local",
               "acceptance_rate_per_position": [0.75, 0.4375, 0.125], "draft_acceptance_rate": 0.4375,
               "drafts": 16, "draft_tokens": 48, "accepted_tokens": 21, "completion_tokens": 37,
               "seconds": 2.5, "output_tokens_per_s": 14.8}
+WITH_BASELINE = {**EVALUATION, "baseline_output_tokens_per_s": 10.0, "speedup": 1.48,
+                 "outputs_identical_to_baseline": "8/8"}
 
 
 def test_the_event_reads_as_a_sentence() -> None:
@@ -202,6 +204,31 @@ def test_the_event_reads_as_a_sentence() -> None:
                                    "local runtime, 14.8 output tokens/s)")
     assert summary({**EVALUATION, "mean_acceptance_length": None}).startswith(
         "no speculative drafts were made over 8 prompts")
+    assert summary(WITH_BASELINE).endswith(
+        "14.8 output tokens/s, 1.48x the verifier alone, outputs identical 8/8)")
+
+
+def test_the_baseline_gives_the_speedup_and_compares_the_outputs() -> None:
+    from workers.pipeline.evaluate import Measurement, SpecDecodeCounters, baseline_figures
+
+    counters = SpecDecodeCounters()
+    drafted = Measurement(counters, completion_tokens=60, seconds=2.0, texts=["a", "b", "c"])
+    alone = Measurement(counters, completion_tokens=60, seconds=3.0, texts=["a", "b", "x"])
+    assert baseline_figures(drafted, alone) == {"baseline_output_tokens_per_s": 20.0,
+                                                "speedup": 1.5,
+                                                "outputs_identical_to_baseline": "2/3"}
+    nothing = Measurement(counters, completion_tokens=0, seconds=0.0, texts=["", "", ""])
+    assert baseline_figures(drafted, nothing)["speedup"] is None
+
+
+def test_the_baseline_engine_serves_the_verifier_without_speculation() -> None:
+    vllm = evaluation_command(SPEC, "/w/job/checkpoints/2", port=9001, gpus=[0, 1],
+                              api_key="k", speculative=False)
+    assert "--speculative-config" not in vllm.argv and vllm.argv[:3] == ["vllm", "serve", SPEC["verifier_info"]["reference"]]
+    assert vllm.description.endswith("the no-speculation baseline")
+    local = evaluation_command(spec(runtime="local"), "/w/job/checkpoints/2", port=9001, gpus=[],
+                               api_key="k", speculative=False)
+    assert local.argv[local.argv.index("--num-speculative-tokens") + 1] == "0"
 
 
 def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
@@ -216,4 +243,7 @@ def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
         "Completion tokens": 37,
         "Output tokens/s": 14.8,
     }
+    rows = evaluation_card_rows(WITH_BASELINE)
+    assert rows["Speedup vs. no speculation"] == 1.48
+    assert rows["Outputs identical to the verifier alone"] == "8/8"
     assert evaluation_card_rows(None) is None and evaluation_card_rows({}) is None

@@ -37,6 +37,7 @@ from workers.runner import JobContext, StageFailed
 from workers.runtimes import (
     EVALUATION_MODEL,
     JobPaths,
+    StageCommand,
     evaluation_command,
     evaluation_settings,
     training_data,
@@ -264,7 +265,8 @@ def while_running(ctx: JobContext, pool: concurrent.futures.Executor, fn: Callab
 def _already_evaluated(checkpoint: Checkpoint, settings: dict[str, int]) -> bool:
     done = checkpoint.evaluation or {}
     return (done.get("checkpoint_id") == checkpoint.id and done.get("max_tokens") == settings["max_tokens"]
-            and done.get("requested_prompts") == settings["prompts"])
+            and done.get("requested_prompts") == settings["prompts"]
+            and ("speedup" in done) == settings["baseline"])
 
 
 def _stop_verifier_server(ctx: JobContext) -> None:
@@ -280,6 +282,7 @@ def _record(ctx: JobContext, checkpoint_id: str, epoch: int, evaluation: dict[st
     names = {"eval/mean_acceptance_length": evaluation["mean_acceptance_length"],
              "eval/draft_acceptance_rate": evaluation["draft_acceptance_rate"],
              "eval/output_tokens_per_s": evaluation["output_tokens_per_s"],
+             "eval/speedup": evaluation.get("speedup"),
              **{f"eval/acceptance_rate_pos_{p}": rate
                 for p, rate in enumerate(evaluation["acceptance_rate_per_position"])}}
 
@@ -309,31 +312,12 @@ def evaluate(ctx: JobContext) -> None:
         raise StageFailed("no conversation with a user turn to evaluate on", code="data_error")
     _stop_verifier_server(ctx)
 
-    api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
-    ctx.secrets.append(api_key)
-    port = free_port()
-    command = evaluation_command(ctx.spec, drafter, port=port, gpus=ctx.plan.verifier_gpus,
-                                 api_key=api_key)
-    log_path = ctx.paths.root / "evaluation-engine.log"
-    proc = ctx.start(command, log_path=log_path)
-    ctx.on_cleanup(lambda: ctx.stop(proc))
-    base_url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate")
-    client = httpx.Client(base_url=base_url, headers=headers, timeout=REQUEST_TIMEOUT)
-    try:
-        wait_ready(ctx, proc, base_url, EVALUATION_MODEL, what="evaluation engine",
-                   log_path=log_path, timeout=ctx.settings.verifier_ready_seconds, headers=headers)
-        ctx.watch("evaluation engine", proc, log_path)
-        ctx.event("evaluation_started", f"evaluating the epoch {epoch} checkpoint on "
-                  f"{len(prompts)} prompts ({source})",
-                  {"checkpoint_id": checkpoint_id, "port": port, "prompt_source": source,
-                   **({"why_not_validation": why} if why else {})})
-        result = measure(ctx, pool, client, prompts, settings["max_tokens"], log_path)
-    finally:
-        ctx.stop(proc)  # the engine's exit also ends a request still in flight
-        pool.shutdown(wait=False, cancel_futures=True)
-        client.close()
-
+    ctx.event("evaluation_started", f"evaluating the epoch {epoch} checkpoint on "
+              f"{len(prompts)} prompts ({source})"
+              + (", then the verifier alone on the same prompts" if settings["baseline"] else ""),
+              {"checkpoint_id": checkpoint_id, "prompt_source": source,
+               **({"why_not_validation": why} if why else {})})
+    command, result = serve_and_measure(ctx, drafter, prompts, settings["max_tokens"])
     num_speculative_tokens = ctx.spec["speculator"]["block_size"] - 1
     evaluation = {
         "checkpoint_id": checkpoint_id,
@@ -349,11 +333,55 @@ def evaluate(ctx: JobContext) -> None:
         **acceptance(result.counters, num_speculative_tokens),
         "completion_tokens": result.completion_tokens,
         "seconds": round(result.seconds, 3),
-        "output_tokens_per_s": (round(result.completion_tokens / result.seconds, 2)
-                                if result.seconds > 0 else None),
+        "output_tokens_per_s": result.tokens_per_s,
     }
+    if settings["baseline"]:
+        _, baseline = serve_and_measure(ctx, drafter, prompts, settings["max_tokens"],
+                                        speculative=False)
+        evaluation.update(baseline_figures(result, baseline))
     _record(ctx, checkpoint_id, epoch, evaluation)
     ctx.event("evaluated", summary(evaluation), evaluation)
+
+
+def baseline_figures(result: "Measurement", baseline: "Measurement") -> dict[str, Any]:
+    """The speedup over the verifier alone, and whether greedy decoding gave the same text
+    with and without the drafter (it must: speculative decoding is lossless)."""
+    same = sum(a == b for a, b in zip(result.texts, baseline.texts, strict=True))
+    return {
+        "baseline_output_tokens_per_s": baseline.tokens_per_s,
+        "speedup": (round(result.tokens_per_s / baseline.tokens_per_s, 3)
+                    if result.tokens_per_s and baseline.tokens_per_s else None),
+        "outputs_identical_to_baseline": f"{same}/{len(result.texts)}",
+    }
+
+
+def serve_and_measure(ctx: JobContext, drafter: str, prompts: list[list[dict[str, Any]]],
+                      max_tokens: int, speculative: bool = True
+                      ) -> tuple[StageCommand, "Measurement"]:
+    """Start the engine (with the drafter, or without speculation for the baseline), send the
+    prompts, stop it."""
+    assert ctx.plan is not None
+    what = "evaluation engine" if speculative else "baseline engine (no speculation)"
+    api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
+    ctx.secrets.append(api_key)
+    port = free_port()
+    command = evaluation_command(ctx.spec, drafter, port=port, gpus=ctx.plan.verifier_gpus,
+                                 api_key=api_key, speculative=speculative)
+    log_path = ctx.paths.root / ("evaluation-engine.log" if speculative else "baseline-engine.log")
+    proc = ctx.start(command, log_path=log_path)
+    ctx.on_cleanup(lambda: ctx.stop(proc))
+    base_url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate")
+    client = httpx.Client(base_url=base_url, headers=headers, timeout=REQUEST_TIMEOUT)
+    try:
+        wait_ready(ctx, proc, base_url, EVALUATION_MODEL, what=what, log_path=log_path,
+                   timeout=ctx.settings.verifier_ready_seconds, headers=headers)
+        ctx.watch(what, proc, log_path)
+        return command, measure(ctx, pool, client, prompts, max_tokens, log_path)
+    finally:
+        ctx.stop(proc)  # the engine's exit also ends a request still in flight
+        pool.shutdown(wait=False, cancel_futures=True)
+        client.close()
 
 
 def summary(evaluation: dict[str, Any]) -> str:
@@ -361,6 +389,9 @@ def summary(evaluation: dict[str, Any]) -> str:
     al, speed = evaluation["mean_acceptance_length"], evaluation["output_tokens_per_s"]
     head = f"mean acceptance length {al:.2f}" if al is not None else "no speculative drafts were made"
     speed_text = f", {speed:.1f} output tokens/s" if speed is not None else ""
+    if evaluation.get("speedup") is not None:
+        speed_text += (f", {evaluation['speedup']:.2f}x the verifier alone, outputs identical "
+                       f"{evaluation['outputs_identical_to_baseline']}")
     return (f"{head} over {evaluation['prompts']} prompts (epoch {evaluation['epoch']} "
             f"checkpoint, {evaluation['runtime']} runtime{speed_text})")
 
@@ -370,6 +401,11 @@ class Measurement:
     counters: SpecDecodeCounters  # the difference around the prompts
     completion_tokens: int
     seconds: float  # time spent in the requests
+    texts: list[str] = field(default_factory=list)  # each prompt's completion
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return round(self.completion_tokens / self.seconds, 2) if self.seconds > 0 else None
 
 
 def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Client,
@@ -388,7 +424,7 @@ def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Cl
         return response
 
     before = parse_counters(call("GET", "/metrics").text)
-    completion_tokens, seconds = 0, 0.0
+    completion_tokens, seconds, texts = 0, 0.0, []
     for messages in prompts:
         ctx.check()
         started = time.monotonic()
@@ -397,5 +433,6 @@ def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Cl
         reply = call("POST", "/v1/chat/completions", json=body).json()
         seconds += time.monotonic() - started
         completion_tokens += int((reply.get("usage") or {}).get("completion_tokens") or 0)
+        texts.append(((reply.get("choices") or [{}])[0].get("message") or {}).get("content") or "")
     after = parse_counters(call("GET", "/metrics").text)
-    return Measurement(after - before, completion_tokens, seconds)
+    return Measurement(after - before, completion_tokens, seconds, texts)

@@ -178,26 +178,29 @@ def evaluation_settings(spec: dict[str, Any]) -> dict[str, int] | None:
     return EvaluateSpec(**value).model_dump()
 
 
-def evaluation_serve_spec(spec: dict[str, Any], drafter: str) -> dict[str, Any]:
+def evaluation_serve_spec(spec: dict[str, Any], drafter: str,
+                          speculative: bool = True) -> dict[str, Any]:
     """A job's best checkpoint as a deployment of it would be specified: its verifier,
-    block_size - 1 speculative tokens, the verifier's tensor parallelism, the job's runtime."""
+    block_size - 1 speculative tokens (0 for the baseline: the verifier alone), the verifier's
+    tensor parallelism, the job's runtime."""
     return {"verifier": spec["verifier_info"]["reference"], "drafter": drafter,
-            "num_speculative_tokens": spec["speculator"]["block_size"] - 1,
+            "num_speculative_tokens": spec["speculator"]["block_size"] - 1 if speculative else 0,
             "runtime": spec["runtime"],
             "resources": {"tensor_parallel_size":
                           spec["resources"]["verifier"]["tensor_parallel_size"]}}
 
 
 def evaluation_command(spec: dict[str, Any], drafter: str, *, port: int | str,
-                       gpus: list[int], api_key: str) -> StageCommand:
+                       gpus: list[int], api_key: str, speculative: bool = True) -> StageCommand:
     """The evaluating stage's engine: exactly a deployment's serving command (``build_serve``)
-    for ``drafter``, on the first tensor-parallel-size of the verifier's GPUs."""
-    serve_spec = evaluation_serve_spec(spec, drafter)
+    for ``drafter``, on the first tensor-parallel-size of the verifier's GPUs; with
+    ``speculative=False``, the same server with speculative decoding off (the baseline)."""
+    serve_spec = evaluation_serve_spec(spec, drafter, speculative)
     tp = serve_spec["resources"]["tensor_parallel_size"]
     command = build_serve(serve_spec, EVALUATION_MODEL, port=port, host="127.0.0.1",
                           gpus=gpus[:tp], api_key=api_key)
-    return replace(command, stage="evaluating",
-                   description=f"{command.description}, evaluating the best checkpoint")
+    what = "evaluating the best checkpoint" if speculative else "the no-speculation baseline"
+    return replace(command, stage="evaluating", description=f"{command.description}, {what}")
 
 
 def spec_summary(spec: dict[str, Any]) -> str:

@@ -75,12 +75,14 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
 
 def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
                   gpus: list[int], api_key: str) -> StageCommand:
-    """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4)."""
+    """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4);
+    with 0 speculative tokens, plain `vllm serve VERIFIER` (the evaluation's baseline)."""
     speculative_config = {"method": "dflash", "model": spec["drafter"],
                           "num_speculative_tokens": spec["num_speculative_tokens"]}
+    speculative = spec["num_speculative_tokens"] > 0
     argv = [
         "vllm", "serve", spec["verifier"],
-        "--speculative-config", json.dumps(speculative_config),
+        *(["--speculative-config", json.dumps(speculative_config)] if speculative else []),
         "--served-model-name", name,
         "--host", host,
         "--port", str(port),
@@ -88,5 +90,6 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
         "--attention-backend", "flash_attn",
         "--max-num-batched-tokens", "32768",
     ]
-    return StageCommand("serving", "vLLM with the DFlash drafter", argv,
+    return StageCommand("serving", "vLLM with the DFlash drafter" if speculative
+                        else "vLLM without speculative decoding", argv,
                         {**cuda_env(gpus), UPSTREAM_KEY_ENV["vllm"]: api_key}, gpus)

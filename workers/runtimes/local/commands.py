@@ -79,5 +79,7 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
         "--port", str(port),
         "--api-key-env", key_env,
     ]
-    return StageCommand("serving", "local DFlash engine (CPU)", argv,
+    what = ("local DFlash engine (CPU)" if spec["num_speculative_tokens"] > 0
+            else "local engine without speculative decoding (CPU)")
+    return StageCommand("serving", what, argv,
                         {**cuda_env([]), key_env: api_key})
