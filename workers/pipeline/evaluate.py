@@ -5,8 +5,11 @@ checkpoint is served with exactly a deployment's command (``build_serve``: ``vll
 --speculative-config dflash``, or the local engine) on the verifier's GPUs. Held-out prompts
 are sent to its ``/v1/chat/completions``, greedily and one at a time; the difference of the
 engine's speculative-decoding counters (``/metrics``) around them gives the mean acceptance
-length, ``1 + accepted / drafts``, and the acceptance rate at each draft position. The result
-is recorded on the checkpoint (and so in its model card), as job metrics and as an event.
+length, ``1 + accepted / drafts``, and the acceptance rate at each draft position. With the
+baseline (the default), the same server then runs without speculative decoding on the same
+prompts: the speedup is output tokens/s with the drafter over without, and the greedy texts are
+compared (lossless decoding makes them the same). The result is recorded on the checkpoint (and
+so in its model card), as job metrics and as an event.
 
 Held-out prompts: the trainer validates on the last 10% of the prepared rows (speculators'
 ``train_data_ratio``), so the prompts are the first user turns of conversations whose first
