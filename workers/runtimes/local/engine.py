@@ -53,8 +53,7 @@ from typing import Any, Literal
 import jinja2
 import torch
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -69,7 +68,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import Cache
 
-from workers.runtimes.local.server import add_server_options, serve, set_up
+from workers.runtimes.local.server import (
+    RequestError,
+    add_server_options,
+    error_response,
+    install_error_handlers,
+    serve,
+    set_up,
+)
 
 __all__ = [
     "DFlashEngine",
@@ -580,27 +586,7 @@ class SpecDecodeMetrics:
 # HTTP API ---------------------------------------------------------------------------
 
 
-class RequestError(Exception):
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
 
-
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}
-
-
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    body = {
-        "error": {
-            "message": message,
-            "type": _ERROR_TYPES.get(status, "Error"),
-            "param": param,
-            "code": status,
-        }
-    }
-    return JSONResponse(body, status_code=status)
 
 
 class StreamOptions(BaseModel):
@@ -645,7 +631,7 @@ class _AuthAndLog:
             supplied = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(supplied, self.expected):
                 logger.info("%s %s 401 (bad or missing API key)", method, path)
-                await _error(401, "Invalid or missing API key.")(scope, receive, send)
+                await error_response(401, "Invalid or missing API key.")(scope, receive, send)
                 return
         status = 0
 
@@ -682,20 +668,7 @@ def build_app(
 
     app.add_middleware(_AuthAndLog, api_key=api_key)
 
-    @app.exception_handler(RequestError)
-    async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if not errors:
-            return _error(400, "invalid request body")
-        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-        where = ".".join(loc) or "body"
-        return _error(
-            400, f"invalid request: {where}: {errors[0].get('msg')}", loc[0] if loc else None
-        )
+    install_error_handlers(app)
 
     @app.get("/health")
     def health() -> Response:

@@ -44,13 +44,17 @@ from typing import Any, Literal
 import jinja2
 import torch
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.runtimes.local.server import add_server_options, serve, set_up
+from workers.runtimes.local.server import (
+    RequestError,
+    add_server_options,
+    install_error_handlers,
+    serve,
+    set_up,
+)
 
 __all__ = [
     "HiddenStatesExtractor",
@@ -62,15 +66,6 @@ __all__ = [
 logger = logging.getLogger("specdeck.hidden_states_server")
 
 
-
-class RequestError(ValueError):
-    """A client error, answered with HTTP 400 (or ``status``) in vLLM's error shape."""
-
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
 
 
 class HiddenStatesExtractor:
@@ -244,11 +239,6 @@ class RenderRequest(_Lenient):
     truncation_side: Literal["left", "right"] | None = None
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    error_type = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "Error")
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
-
 
 def _truncate(token_ids: list[int], limit: int | None, side: str | None) -> list[int]:
     """vLLM's truncate_prompt_tokens: keep ``limit`` tokens; left (default) keeps the end."""
@@ -286,21 +276,7 @@ def build_app(extractor: HiddenStatesExtractor, served_model_name: str) -> FastA
         )
         return response
 
-    @app.exception_handler(RequestError)
-    async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # vLLM answers malformed bodies with 400, not FastAPI's 422.
-        errors = exc.errors()
-        if not errors:
-            return _error(400, "invalid request body")
-        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-        where = ".".join(loc) or "body"
-        return _error(
-            400, f"invalid request: {where}: {errors[0].get('msg')}", loc[0] if loc else None
-        )
+    install_error_handlers(app)
 
     def check_model(model: str | None) -> None:
         if model is not None and model != served_model_name:

@@ -1,5 +1,6 @@
-"""What the local runtime's two servers (``engine`` and ``hidden_states_server``) share: their
-common command-line options, logging and torch set-up, and running the app on uvicorn."""
+"""What the local runtime's two servers (``engine`` and ``hidden_states_server``) share: vLLM's
+error shape for client errors, their common command-line options, logging and torch set-up, and
+running the app on uvicorn."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import logging
 
 import torch
 import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp
 
 DTYPES: dict[str, torch.dtype] = {
@@ -15,6 +19,45 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}
+
+
+class RequestError(ValueError):
+    """A client error, answered with HTTP 400 (or ``status``) in vLLM's error shape."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """vLLM's error body: ``{"error": {"message", "type", "param", "code": status}}``."""
+    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"),
+                      "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """``RequestError`` and malformed bodies answered as vLLM does (400, not FastAPI's 422)."""
+
+    @app.exception_handler(RequestError)
+    async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if not errors:
+            return error_response(400, "invalid request body")
+        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+        where = ".".join(loc) or "body"
+        return error_response(
+            400, f"invalid request: {where}: {errors[0].get('msg')}", loc[0] if loc else None
+        )
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
