@@ -57,24 +57,13 @@ def run_logged(
     argv: Sequence[str], log_path: Path, *, timeout_s: float, env: dict[str, str] | None = None
 ) -> tuple[int, str]:
     """Run a command to completion in its own process group; return (rc, output)."""
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=REPO_ROOT,
-            env=env or child_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    with background(argv, log_path, env) as proc:
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            stop_group(proc)
             raise AssertionError(
                 f"{argv[:4]} did not finish in {timeout_s}s; log: {log_path}"
             ) from None
-        finally:
-            stop_group(proc)
     return rc, log_path.read_text(errors="replace")
 
 
