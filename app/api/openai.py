@@ -44,6 +44,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import APIError, error_body, error_response
@@ -415,23 +417,12 @@ class GatewayFastPath:
         await self.app(scope, receive, send)
 
 
-def header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-async def read_body(receive: Receive) -> bytes | None:
+async def read_body(scope: Scope, receive: Receive) -> bytes | None:
     """The request body; None if the client went away (or the body limit answered 413)."""
-    parts = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+    try:
+        return await Request(scope, receive).body()
+    except ClientDisconnect:
+        return None
 
 
 async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> None:
@@ -447,8 +438,8 @@ async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> N
 
 
 async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> Response | None:
-    caller = await authenticate(gateway, header(scope, b"authorization"))
-    raw = await read_body(receive)
+    caller = await authenticate(gateway, Headers(scope=scope).get("authorization"))
+    raw = await read_body(scope, receive)
     if raw is None:
         return None
     try:
