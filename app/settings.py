@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     logs_root: Path = VAR / "logs"
     work_root: Path = VAR / "work"
 
+    # Local copies of public dataset presets, "<preset>.jsonl" (conversations), read by data
+    # regeneration instead of downloading the preset from the Hub (air-gapped hosts, tests).
+    public_datasets_mirror: Path | None = None
+
     # The runtime a job gets when it names none: "vllm" on GPU hosts, "local" on a laptop.
     default_runtime: Literal["vllm", "local"] = "vllm"
 

@@ -1,21 +1,27 @@
-"""Speed and acceptance of the local DFlash engine against plain greedy decoding.
+"""Speed and acceptance of the local engine against plain greedy decoding.
 
-Loads ``workers.runtimes.local.engine.DFlashEngine`` (verifier + trained DFlash drafter)
-in this process and decodes a few demo prompts three ways in the same run:
+Loads the engine in this process (``workers.runtimes.local.engine.LocalEngine``) and decodes a
+few demo prompts in every mode, in the same run:
 
 - ``hf-generate``: the verifier's ``generate(do_sample=False)``, the reference output;
-- ``engine-plain``: the engine with speculation off (same verifier path, one token per
-  pass), to separate the drafter's effect from Hugging Face ``generate`` overhead;
-- ``engine-dflash``: draft-and-verify blocks with the trained drafter.
+- ``engine-plain``: the engine with the verifier alone (no ``--speculative-config``: no drafter
+  loaded, one token per pass);
+- ``engine-ngram``: n-gram prompt lookup (``{"method": "ngram", ...}``, vLLM's lookup 4..1);
+- ``engine-dflash``: draft-and-verify blocks with a DFlash drafter (``--drafter``; the mode is
+  left out without one).
 
-It checks that all three produce the same tokens, and prints tokens/s per mode, the
-acceptance length (AL = 1 + accepted / drafts, vLLM's formula) and the speedup ratios.
-Each prompt is run ``--repeats`` times in every mode, the modes interleaved, and the
-fastest run counts (the machine may be shared).
+It checks that every mode produces the same tokens, and prints tokens/s per mode, the
+acceptance length (AL = 1 + accepted / drafts, vLLM's formula), the verifier passes and the
+milliseconds per pass (the fixed cost of a speculative step: draft + verify of a block +
+bookkeeping, against a plain step), and the ratios dflash/plain, ngram/plain and
+plain/hf-generate. Each prompt is run ``--repeats`` times in every mode, the modes interleaved,
+and the fastest run counts (the machine may be shared).
 
-    python benchmarks/local_engine.py --verifier DIR --drafter CKPT_DIR
+    python benchmarks/local_engine.py --verifier DIR [--drafter CKPT_DIR]
         [--data CONVERSATIONS.jsonl] [--num-prompts 8] [--max-tokens 64]
         [--num-speculative-tokens N] [--num-threads T] [--repeats 3]
+
+A deeper demo verifier: ``workers.runtimes.local.demo.create_demo_model(path, num_layers=16)``.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from workers.runtimes.local.engine import DFlashEngine  # noqa: E402
+from workers.runtimes import NGRAM_LOOKUP  # noqa: E402
+from workers.runtimes.local.engine import LocalEngine  # noqa: E402
 
 # Demo-style prompts (the demo verifier's training data uses the same vocabulary).
 DEMO_PROMPTS: list[list[dict[str, str]]] = [
@@ -97,6 +105,11 @@ class ModeResult:
     def acceptance_length(self) -> float:
         return 1 + self.accepted / self.drafts if self.drafts else 1.0
 
+    @property
+    def ms_per_pass(self) -> float:
+        """Milliseconds per decode step (prefill included in the time, not in the count)."""
+        return 1000 * self.total_seconds / self.decode_passes if self.decode_passes else 0.0
+
 
 @dataclass(frozen=True)
 class Run:
@@ -106,20 +119,15 @@ class Run:
     decode_passes: int = 0
 
 
-def hf_generate(engine: DFlashEngine, ids: list[int], max_tokens: int) -> Run:
+def hf_generate(model: torch.nn.Module, ids: list[int], max_tokens: int) -> Run:
     with torch.inference_mode():
-        output = engine.verifier.generate(
-            torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False
-        )
-    return Run(output[0, len(ids) :].tolist())
+        output = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False)
+    generated = output[0, len(ids) :].tolist()
+    return Run(generated, decode_passes=len(generated) - 1)
 
 
-def engine_generate(
-    engine: DFlashEngine, ids: list[int], max_tokens: int, num_speculative_tokens: int
-) -> Run:
-    generation, steps = engine.generate(
-        ids, max_tokens, num_speculative_tokens=num_speculative_tokens
-    )
+def engine_generate(engine: LocalEngine, ids: list[int], max_tokens: int) -> Run:
+    generation, steps = engine.generate(ids, max_tokens)
     return Run(
         generation.output_ids,
         drafts=sum(1 for s in steps if s.num_draft_tokens),
@@ -155,53 +163,73 @@ def measure(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verifier", required=True, type=Path)
-    parser.add_argument("--drafter", required=True, type=Path)
+    parser.add_argument("--drafter", type=Path, default=None, help="DFlash checkpoint")
     parser.add_argument("--data", type=Path, default=None, help="ShareGPT JSONL of prompts")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--num-speculative-tokens", type=int, default=None)
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="for dflash and ngram (default: the drafter's block_size - 1, or 7)",
+    )
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per prompt")
     args = parser.parse_args(argv)
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
-    engine = DFlashEngine(
-        args.verifier, args.drafter, num_speculative_tokens=args.num_speculative_tokens
-    )
-    prompts = [engine.render(m) for m in load_prompts(args.data, args.num_prompts)]
-    print(
-        f"verifier {args.verifier}, drafter {engine.drafter_dir}: block {engine.block_size}, "
-        f"{engine.num_speculative_tokens} speculative tokens; {len(prompts)} prompts "
-        f"(mean {statistics.mean(map(len, prompts)):.0f} tokens), max_tokens {args.max_tokens}, "
-        f"{torch.get_num_threads()} threads, fastest of {args.repeats}"
-    )
-    engine.generate(prompts[0], 8)  # warm-up
+    plain = LocalEngine(args.verifier)
+    engines: dict[str, LocalEngine] = {"engine-plain": plain}
+    tokens = args.num_speculative_tokens
+    if args.drafter is not None:
+        dflash: dict[str, object] = {"method": "dflash", "model": str(args.drafter)}
+        if tokens is not None:
+            dflash["num_speculative_tokens"] = tokens
+        engines["engine-dflash"] = LocalEngine(args.verifier, dflash)
+        tokens = engines["engine-dflash"].num_speculative_tokens
+    tokens = 7 if tokens is None else tokens
+    ngram = {"method": "ngram", "num_speculative_tokens": tokens, **NGRAM_LOOKUP}
+    engines["engine-ngram"] = LocalEngine(args.verifier, ngram)
 
-    n = engine.num_speculative_tokens
+    prompts = [plain.render(m) for m in load_prompts(args.data, args.num_prompts)]
+    layers = plain.runner.num_layers
+    print(
+        f"verifier {args.verifier} ({layers} layers, hidden {plain.runner.hidden_size}, "
+        f"{'lean' if plain.runner.lean else 'transformers'} forward); "
+        + "; ".join(f"{name}: {engine.describe()}" for name, engine in engines.items())
+        + f"; {len(prompts)} prompts (mean {statistics.mean(map(len, prompts)):.0f} tokens), "
+        f"max_tokens {args.max_tokens}, {torch.get_num_threads()} threads, fastest of "
+        f"{args.repeats}"
+    )
+    for engine in engines.values():
+        engine.generate(prompts[0], 8)  # warm-up
+
     modes: dict[str, Callable[[list[int]], Run]] = {
-        "hf-generate": lambda ids: hf_generate(engine, ids, args.max_tokens),
-        "engine-plain": lambda ids: engine_generate(engine, ids, args.max_tokens, 0),
-        "engine-dflash": lambda ids: engine_generate(engine, ids, args.max_tokens, n),
+        "hf-generate": lambda ids: hf_generate(plain.verifier, ids, args.max_tokens),
     }
-    results = measure(modes, prompts, args.repeats)
-    reference = results[0].outputs
-    print(f"\n{'mode':<14} {'tokens':>7} {'seconds':>8} {'tok/s':>8} {'AL':>6} {'identical':>10}")
-    for r in results:
+    for name, engine in engines.items():
+        modes[name] = lambda ids, engine=engine: engine_generate(engine, ids, args.max_tokens)
+    results = {r.name: r for r in measure(modes, prompts, args.repeats)}
+    reference = results["hf-generate"].outputs
+    print(
+        f"\n{'mode':<14} {'tokens':>7} {'seconds':>8} {'tok/s':>8} {'AL':>6} {'drafts':>7} "
+        f"{'passes':>7} {'ms/pass':>8} {'identical':>10}"
+    )
+    for r in results.values():
         identical = sum(o == ref for o, ref in zip(r.outputs, reference, strict=True))
         print(
             f"{r.name:<14} {r.tokens:>7} {r.total_seconds:>8.3f} {r.tokens_per_s:>8.1f} "
-            f"{r.acceptance_length:>6.2f} {identical:>4}/{len(reference)}"
+            f"{r.acceptance_length:>6.2f} {r.drafts:>7} {r.decode_passes:>7} "
+            f"{r.ms_per_pass:>8.2f} {identical:>6}/{len(reference)}"
         )
-    hf, plain, dflash = results
-    print(
-        f"\nAL {dflash.acceptance_length:.2f} ({dflash.drafts} drafts, {dflash.accepted} "
-        f"accepted draft tokens, {dflash.decode_passes} decode passes for "
-        f"{dflash.tokens} tokens)"
-    )
-    print(f"speedup dflash / hf-generate:  {dflash.tokens_per_s / hf.tokens_per_s:.2f}x")
-    print(f"speedup dflash / engine-plain: {dflash.tokens_per_s / plain.tokens_per_s:.2f}x")
-    if any(r.outputs != reference for r in results):
+    speed = {name: r.tokens_per_s for name, r in results.items()}
+    print()
+    if "engine-dflash" in speed:
+        print(f"dflash / plain:       {speed['engine-dflash'] / speed['engine-plain']:.2f}x")
+    print(f"ngram / plain:        {speed['engine-ngram'] / speed['engine-plain']:.2f}x")
+    print(f"plain / hf-generate:  {speed['engine-plain'] / speed['hf-generate']:.2f}x")
+    if any(r.outputs != reference for r in results.values()):
         raise SystemExit("outputs differ from hf-generate: decoding is not lossless")
 
 

@@ -70,5 +70,9 @@ def record(session: Session, checkpoint_id: str, work_dir: Path, repo_id: str) -
 
 
 def best_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
-    return session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                           .order_by(Checkpoint.is_best.desc(), Checkpoint.epoch.desc())).first()
+    """The job's checkpoint: the one its evaluation selected (the highest served acceptance
+    length among those served), else the trainer's best (lowest validation loss), else the
+    latest."""
+    rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
+                                .order_by(Checkpoint.is_best.desc(), Checkpoint.epoch.desc())))
+    return next((c for c in rows if (c.evaluation or {}).get("selected")), rows[0] if rows else None)

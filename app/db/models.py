@@ -117,6 +117,13 @@ class Job(Leased, Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    # The served evaluation of the checkpoint the job chose (headline: the served acceptance
+    # length beside its baselines) and the acceptance gate's verdict; written by the worker.
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    @property
+    def served_acceptance_length(self) -> float | None:
+        return (self.evaluation or {}).get("mean_acceptance_length")
 
 
 class Event:
@@ -166,6 +173,10 @@ class Checkpoint(Base):
     # held-out prompts (acceptance length, per-position acceptance, throughput).
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    @property
+    def served_acceptance_length(self) -> float | None:
+        return (self.evaluation or {}).get("mean_acceptance_length")
     # The worker whose disk holds it (publishing runs there).
     worker_id: Mapped[str | None] = mapped_column(String(255))
     # Set by a publish to the Hugging Face Hub: "publishing", "published" or "failed".

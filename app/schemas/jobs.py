@@ -39,15 +39,60 @@ class Resources(Strict):
     trainer_gpus: int = Field(1, ge=1, le=64)
 
 
+LAST_N = re.compile(r"^last:([1-9][0-9]{0,2})$")
+
+
 class EvaluateSpec(Strict):
-    """The evaluation after training: held-out prompts sent, greedily, to the best checkpoint
-    served the way a deployment serves it; the engine's counters give the acceptance length."""
+    """The evaluation after training: held-out prompts sent, greedily, to the trained drafter
+    served the way a deployment serves it; the engine's counters give the served acceptance
+    length, the number that decides the speedup (the trainer's eal is only its estimate)."""
 
     prompts: int = Field(8, ge=1, le=512)
     max_tokens: int = Field(64, ge=1, le=8192)
     # Also serve the verifier alone (no speculative decoding) on the same prompts: the speedup
     # is output tokens/s with the drafter over without it, and the outputs must be the same.
     baseline: bool = True
+    # Also serve n-gram (prompt lookup) drafting on the same prompts: the trivial drafter a
+    # trained one must beat.
+    ngram: bool = True
+    # Which checkpoints are served: "best" (the trainer's lowest validation loss) or "last:N"
+    # (the last N epochs; the one with the highest served acceptance length is kept).
+    checkpoints: str = Field("best", pattern=r"^(best|last:[1-9][0-9]{0,2})$")
+
+    @field_validator("baseline", "ngram", mode="before")
+    @classmethod
+    def _strict_bool(cls, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        return value
+
+    def last_epochs(self) -> int | None:
+        """N of "last:N", None for "best"."""
+        match = LAST_N.match(self.checkpoints)
+        return int(match.group(1)) if match else None
+
+
+class DataSpec(Strict):
+    """How the training data is made. With ``regenerate``, the verifier itself writes every
+    reply (``speculators regenerate-responses`` against the verifier served without
+    speculation), so the drafter trains on the verifier's own token ids: on-policy data. On by
+    default for public presets (they hold other models' replies), opt-in for uploads."""
+
+    regenerate: bool | None = None
+    max_samples: int | None = Field(None, ge=1, le=10_000_000)  # conversations regenerated
+    # Longest reply (and prompt + reply) regenerated; default: half of speculator.total_seq_len.
+    max_tokens: int | None = Field(None, ge=16, le=262144)
+    temperature: float = Field(0.0, ge=0, le=2)  # 0: greedy, the replies the verifier serves
+    concurrency: int = Field(16, ge=1, le=1024)  # requests in flight to the generating server
+
+
+class GateSpec(Strict):
+    """What the evaluation must show before the drafter is published: a missed gate fails the
+    job with ``acceptance_gate_failed`` (the checkpoint is kept and can be published by hand)."""
+
+    min_acceptance_length: float | None = Field(None, ge=1, le=65)
+    min_speedup: float | None = Field(None, gt=0, le=100)
+    beat_ngram: bool = False
 
 
 class JobCreate(Strict):
@@ -61,6 +106,10 @@ class JobCreate(Strict):
     # After training, the best checkpoint served on held-out prompts (workers/pipeline/
     # evaluate.py). false skips it; true or {} uses the defaults.
     evaluate: EvaluateSpec | None = Field(default_factory=EvaluateSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    # The acceptance gate; default on the vllm runtime {"min_speedup": 1.0}, none on local;
+    # false: no gate.
+    gate: GateSpec | None = None
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
 
     @field_validator("evaluate", mode="before")
@@ -74,6 +123,15 @@ class JobCreate(Strict):
             raise ValueError("must be an object such as {\"prompts\": 8, \"max_tokens\": 64}, "
                              "true for the defaults, or false to skip the evaluation")
         return value
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate_switch(cls, value: Any) -> Any:
+        if value is False:
+            return GateSpec()  # an explicit "no gate": nothing required
+        if value is None or isinstance(value, (dict, GateSpec)):
+            return value
+        raise ValueError("must be an object such as {\"min_acceptance_length\": 2.5}, or false")
 
     @field_validator("publish")
     @classmethod
@@ -91,6 +149,11 @@ class JobCreate(Strict):
         return value
 
 
+SERVED_AL = ("Mean acceptance length measured by serving the drafter on held-out prompts "
+             "(tokens per verifier pass): the number that decides the speedup. Null until "
+             "the evaluation has run.")
+
+
 class JobOut(BaseModel):
     object: Literal["specdeck.job"] = "specdeck.job"
     id: str
@@ -98,6 +161,7 @@ class JobOut(BaseModel):
     stage: str | None
     status_reason: str | None
     error_code: str | None
+    served_acceptance_length: float | None = Field(description=SERVED_AL)
     verifier: str
     dataset: str
     speculator: dict[str, Any]
@@ -105,7 +169,12 @@ class JobOut(BaseModel):
     resources: dict[str, Any]
     runtime: str
     publish: str | None
-    evaluate: dict[str, int] | Literal[False]
+    evaluate: dict[str, Any] | Literal[False]
+    data: dict[str, Any]
+    gate: dict[str, Any] | None
+    # The served evaluation of the job's chosen checkpoint, headline first: the served mean
+    # acceptance length, the baselines beside it, then the trainer's estimate (eal), labelled.
+    evaluation: dict[str, Any] | None
     metadata: dict[str, str]
     attempt: int
     worker: str | None
@@ -141,11 +210,15 @@ class CheckpointOut(BaseModel):
     id: str
     job_id: str
     epoch: int
-    path: str
-    metrics: dict[str, Any] | None
-    is_best: bool
-    # Measured by the job's evaluating stage: acceptance length and throughput when served.
+    served_acceptance_length: float | None = Field(description=SERVED_AL)
+    # Measured by the job's evaluating stage: acceptance length beside its n-gram and
+    # no-speculation baselines, throughput, and the trainer's estimate, labelled as one.
     evaluation: dict[str, Any] | None
+    path: str
+    metrics: dict[str, Any] | None = Field(description=(
+        "The trainer's validation metrics (val_metrics.json). Estimates: speculators' eal "
+        "averages over every anchor position and overstates the served acceptance length."))
+    is_best: bool = Field(description="The trainer's best checkpoint (lowest validation loss).")
     created_at: datetime
     publish_status: str | None
     publish_error: str | None

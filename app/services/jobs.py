@@ -19,7 +19,7 @@ from app.services.datasets import resolve_for_job
 from app.services.state import JobStatus
 from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
-from workers.runtimes import JobPaths, build_plan, evaluation_settings
+from workers.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
 from workers.supervisor import tail
 
 
@@ -46,19 +46,15 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate,
         check_layer_ids(body.speculator.target_layer_ids, verifier.num_hidden_layers,
                         param="speculator.target_layer_ids")
     dataset = resolve_for_job(session, project_id, body.dataset, settings)
-    if dataset["dataset_kind"] == "public":
-        # speculators 0.9.0's prepare-data takes conversations only; a raw preset first needs
-        # `speculators regenerate-responses` against a generating server (not wired yet).
-        raise APIError(422, f"dataset {body.dataset} is the public preset "
-                       f"'{dataset['dataset_path']}', which cannot be trained on directly yet; "
-                       "upload its conversations as JSONL", code="dataset_not_trainable",
-                       param="dataset")
+    runtime = body.runtime or settings.default_runtime
     spec = body.model_dump(mode="json")
     spec.update(
         **dataset,
         speculator=speculator,
         evaluate=body.evaluate.model_dump() if body.evaluate is not None else False,
-        runtime=body.runtime or settings.default_runtime,
+        data=resolve_data(body, dataset["dataset_kind"], runtime),
+        gate=resolve_gate(body, runtime),
+        runtime=runtime,
         verifier_info={
             "reference": verifier.reference,
             "source": verifier.source,
@@ -69,6 +65,52 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate,
         },
     )
     return spec
+
+
+def resolve_data(body: JobCreate, dataset_kind: str, runtime: str) -> dict[str, Any]:
+    """The data settings with their defaults filled in: public presets are always regenerated
+    (they hold other models' replies, and speculators' prepare-data takes conversations only);
+    uploads are regenerated when asked."""
+    data = body.data.model_dump()
+    if dataset_kind == "public":
+        if data["regenerate"] is False:
+            raise APIError(422, f"dataset {body.dataset} is a public preset: its replies come "
+                           "from other models, so it is trained on after the verifier "
+                           "regenerates them; leave data.regenerate unset or true",
+                           code="invalid_value", param="data.regenerate")
+        data["regenerate"] = True
+    data["regenerate"] = bool(data["regenerate"])
+    if data["max_tokens"] is None:
+        data["max_tokens"] = max(16, body.speculator.total_seq_len // 2)
+    if data["regenerate"] and runtime == "local" and data["temperature"] != 0:
+        raise APIError(422, "the local runtime's engine decodes greedily only: use "
+                       "data.temperature 0, or the vllm runtime", code="invalid_value",
+                       param="data.temperature")
+    return data
+
+
+# What each gate condition needs the evaluation to measure.
+GATE_NEEDS = {"min_acceptance_length": (None, "the evaluation"),
+              "min_speedup": ("baseline", "the evaluation's no-speculation baseline"),
+              "beat_ngram": ("ngram", "the evaluation's n-gram baseline")}
+
+
+def resolve_gate(body: JobCreate, runtime: str) -> dict[str, Any] | None:
+    """The acceptance gate, or None. Unset: on the vllm runtime the drafter must at least not
+    slow decoding down (speedup >= 1.0) when the evaluation measures it; none on local."""
+    evaluation = body.evaluate
+    if body.gate is None:
+        if runtime == "vllm" and evaluation is not None and evaluation.baseline:
+            return {"min_acceptance_length": None, "min_speedup": 1.0, "beat_ngram": False}
+        return None
+    gate = body.gate.model_dump()
+    for name, (switch, what) in GATE_NEEDS.items():
+        asked = gate[name] not in (None, False)
+        measured = evaluation is not None and (switch is None or getattr(evaluation, switch))
+        if asked and not measured:
+            raise APIError(422, f"gate.{name} needs {what}; enable it in \"evaluate\"",
+                           code="invalid_value", param=f"gate.{name}")
+    return gate if any(v not in (None, False) for v in gate.values()) else None
 
 
 def create_job(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
@@ -167,10 +209,12 @@ def job_out(job: Job) -> JobOut:
     spec = job.spec
     return JobOut(
         id=job.id, status=job.status, stage=job.stage, status_reason=job.status_reason,
-        error_code=job.error_code, verifier=spec["verifier"], dataset=spec["dataset"],
+        error_code=job.error_code, served_acceptance_length=job.served_acceptance_length,
+        verifier=spec["verifier"], dataset=spec["dataset"],
         speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
         runtime=spec["runtime"], publish=spec.get("publish"),
-        evaluate=evaluation_settings(spec) or False, metadata=spec.get("metadata", {}),
+        evaluate=evaluation_settings(spec) or False, data=data_settings(spec),
+        gate=spec.get("gate"), evaluation=job.evaluation, metadata=spec.get("metadata", {}),
         attempt=job.attempt, worker=job.worker_id, allocation=job.allocation,
         created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,

@@ -181,13 +181,19 @@ def render_model_card(
         + ("" if hub_verifier else
            "\n\nThe verifier was a local path during training; use the same weights (or their Hub "
            "id) when serving."),
+        "## Evaluation: served acceptance\n\n" + (
+            "Measured by serving this draft the way vLLM serves it, on held-out prompts the "
+            "training never saw; the acceptance length is tokens per verifier pass, the number "
+            "that decides the speedup.\n\n" + _table(evaluation, ("Metric", "Value"))
+            if evaluation else
+            "Not evaluated yet. Acceptance length and speedup measured with vLLM will appear "
+            "here once an evaluation has run."),
         "## Training data\n\n" + (_table(dataset_summary, ("Field", "Value")) if dataset_summary
                                   else "No dataset summary was recorded."),
-        "## Training metrics\n\n" + (_table(metrics, ("Metric", "Value")) if metrics
-                                     else "No training metrics were recorded."),
-        "## Evaluation\n\n" + (_table(evaluation, ("Metric", "Value")) if evaluation
-                               else "Not evaluated yet. Acceptance length and speedup measured with "
-                                    "vLLM will appear here once an evaluation has run."),
+        "## Training metrics (the trainer's estimates)\n\n" + (
+            "The trainer's validation `eal` averages over every anchor position and overstates "
+            "the served acceptance length above.\n\n" + _table(metrics, ("Metric", "Value"))
+            if metrics else "No training metrics were recorded."),
         "## Files\n\n`config.json` (speculators config, names the verifier) and `model.safetensors` "
         "(draft weights). Optimizer and scheduler state are not published.",
     ]
@@ -203,18 +209,25 @@ def evaluation_card_rows(evaluation: Mapping[str, Any] | None) -> dict[str, Any]
     prompts = (f"{evaluation.get('prompts')} ({evaluation.get('prompt_source', 'dataset')}), "
                f"greedy, at most {evaluation.get('max_tokens')} new tokens each")
     rows = {
+        "Served mean acceptance length": evaluation.get("mean_acceptance_length"),
+        "n-gram (prompt lookup) acceptance length": evaluation.get("ngram_mean_acceptance_length"),
+        "Speedup vs. no speculation": evaluation.get("speedup"),
+        "n-gram speedup vs. no speculation": evaluation.get("ngram_speedup"),
+        "Beats n-gram drafting": ({True: "yes", False: "no"}.get(evaluation["beats_ngram"])
+                                  if "beats_ngram" in evaluation else None),
+        "Acceptance rate per position": evaluation.get("acceptance_rate_per_position") or None,
+        "Drafted tokens accepted": evaluation.get("draft_acceptance_rate"),
         "Runtime": (f"{evaluation.get('runtime')} ({evaluation['engine']})" if evaluation.get("engine")
                     else evaluation.get("runtime")),
         "Prompts": prompts,
         "Speculative tokens per step": evaluation.get("num_speculative_tokens"),
-        "Mean acceptance length": evaluation.get("mean_acceptance_length"),
-        "Acceptance rate per position": evaluation.get("acceptance_rate_per_position") or None,
-        "Drafted tokens accepted": evaluation.get("draft_acceptance_rate"),
         "Completion tokens": evaluation.get("completion_tokens"),
         "Output tokens/s": evaluation.get("output_tokens_per_s"),
         "Output tokens/s, verifier alone": evaluation.get("baseline_output_tokens_per_s"),
-        "Speedup vs. no speculation": evaluation.get("speedup"),
+        "Output tokens/s, n-gram": evaluation.get("ngram_output_tokens_per_s"),
         "Outputs identical to the verifier alone": evaluation.get("outputs_identical_to_baseline"),
+        "Trainer's eal (an estimate)": evaluation.get("trainer_eal_estimate"),
+        "Served / trainer's estimate": evaluation.get("served_vs_trainer_eal"),
     }
     return {k: v for k, v in rows.items() if v is not None}
 

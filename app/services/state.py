@@ -29,6 +29,7 @@ class JobStatus(StrEnum):
 
 
 class Stage(StrEnum):
+    REGENERATING_DATA = "regenerating_data"
     PREPARING_DATA = "preparing_data"
     STARTING_VERIFIER = "starting_verifier"
     TRAINING = "training"

@@ -103,13 +103,33 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
     assert evaluation["baseline_output_tokens_per_s"] > 0 and evaluation["speedup"] > 0
     assert evaluation["speedup"] == pytest.approx(
         evaluation["output_tokens_per_s"] / evaluation["baseline_output_tokens_per_s"], rel=0.01)
+    # The served number comes first; n-gram drafting on the same prompts beside it, and the
+    # trainer's estimate after it, labelled as one.
+    ngram_al = evaluation["ngram_mean_acceptance_length"]
+    assert ngram_al is None or ngram_al >= 1.0
+    assert evaluation["beats_ngram"] == (al > (ngram_al or 1.0))
+    assert evaluation["ngram_output_tokens_per_s"] > 0 and evaluation["ngram_speedup"] > 0
+    assert evaluation["trainer_eal_estimate"] == pytest.approx(best["metrics"]["eal_epoch"], abs=1e-3)
+    assert evaluation["served_vs_trainer_eal"] == pytest.approx(
+        al / evaluation["trainer_eal_estimate"], abs=1e-3)
+    assert evaluation["selected"] is True and best["served_acceptance_length"] == al
+    job = api.get(f"/api/jobs/{job_id}").json()
+    assert job["served_acceptance_length"] == al
+    assert list(job["evaluation"])[:4] == ["checkpoint_id", "epoch", "mean_acceptance_length",
+                                           "ngram_mean_acceptance_length"]
+    assert job["evaluation"]["checkpoint_id"] == best["id"]
     [event] = [e for e in events if e["kind"] == "evaluated"]
-    assert event["message"].startswith(f"mean acceptance length {al:.2f} over 8 prompts")
+    assert event["message"].startswith(f"served mean acceptance length {al:.2f} (n-gram ")
+    assert "over 8 held-out prompts" in event["message"]
     assert event["stage"] == "evaluating" and event["data"] == evaluation
     kinds = [e["kind"] for e in events]
     assert kinds.index("verifier_stopped") < kinds.index("evaluation_started") < kinds.index("evaluated")
-    [engine] = [e for e in events if e["kind"] == "process" and "evaluating the best checkpoint" in e["message"]
+    [engine] = [e for e in events if e["kind"] == "process" and "evaluating the trained drafter" in e["message"]
                 and e["message"].startswith("starting")]
+    [ngram] = [e for e in events if e["kind"] == "process" and e["message"].startswith("starting")
+               and "the n-gram (prompt lookup) baseline" in e["message"]]
+    config = json.loads(ngram["data"]["argv"][ngram["data"]["argv"].index("--speculative-config") + 1])
+    assert config["method"] == "ngram"
     assert engine["data"]["env"]["SPECDECK_UPSTREAM_KEY"] == "***"  # the key is redacted
     assert best["path"] in engine["data"]["argv"]  # the best checkpoint is the drafter
     recorded = {m["name"]: m["value"] for m in metrics if m["name"].startswith("eval/")}

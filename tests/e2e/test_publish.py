@@ -67,9 +67,11 @@ def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_st
         # the evaluation ran before publishing: its numbers are in the card, not a placeholder
         evaluation = best["evaluation"]
         assert evaluation["mean_acceptance_length"] > 1.0, evaluation
-        section = card.split("## Evaluation", 1)[1].split("## Files", 1)[0]
+        section = card.split("## Evaluation: served acceptance", 1)[1].split("## Training data", 1)[0]
         assert "Not evaluated yet" not in card
-        assert f"| Mean acceptance length | {_fmt(evaluation['mean_acceptance_length'])} |" in section
+        assert (f"| Served mean acceptance length | {_fmt(evaluation['mean_acceptance_length'])} |"
+                in section)
+        assert f"| Trainer's eal (an estimate) | {_fmt(evaluation['trainer_eal_estimate'])} |" in section
         assert (f"| Acceptance rate per position | {_fmt(evaluation['acceptance_rate_per_position'])} |"
                 in section)
         assert f"| Prompts | {evaluation['prompts']} (validation split)" in section
@@ -104,6 +106,39 @@ def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_st
             for p in Path(root).rglob("*") if p.is_file() and p.suffix in (".log", ".txt", ".json", ".md")]
     assert logs and all(TOKEN not in p.read_text(errors="replace") for p in logs)
     assert all(TOKEN not in w.log.read_text() for w in pg_stack.workers)
+
+
+def test_a_missed_acceptance_gate_blocks_publishing(pg_api: Api, pg_stack: Stack, demo) -> None:
+    """A gate the drafter cannot meet: the job fails with the numbers, nothing reaches the Hub,
+    and the checkpoint is kept, so it can still be published by hand."""
+    with HubDouble(token=TOKEN) as hub:
+        pg_stack.start_worker("gated", **REAL_PIPELINE, SPECDECK_HF_ENDPOINT=hub.url,
+                              HF_ENDPOINT=hub.url)
+        pg_api.client.put("/api/secrets/HF_TOKEN", json={"value": TOKEN}, headers=pg_api.headers())
+        created = pg_api.post("/api/jobs", json={
+            **demo, "runtime": "local", "publish": REPO,
+            "speculator": {**CPU_SPECULATOR, "epochs": 1},
+            "evaluate": {"prompts": 4, "max_tokens": 32, "baseline": False},
+            "gate": {"min_acceptance_length": 7.5, "beat_ngram": True}})
+        assert created.status_code == 201, created.text
+        job = pg_api.wait_status(created.json()["id"], {"succeeded", "failed"}, timeout=600)
+        assert job["status"] == "failed" and job["error_code"] == "acceptance_gate_failed", job
+        al = job["served_acceptance_length"]
+        assert al is not None and al < 7.5
+        assert f"served mean acceptance length {al:.2f} < 7.50 required" in job["status_reason"]
+        assert "can be published by hand" in job["status_reason"]
+        verdict = job["evaluation"]["gate"]
+        assert verdict["passed"] is False and verdict["required"]["min_acceptance_length"] == 7.5
+        stages = [e["stage"] for e in pg_api.events(job["id"]) if e["kind"] == "status" and e["stage"]]
+        assert "publishing" not in stages
+        assert REPO not in hub.repo_ids() and hub.requests == []  # nothing reached the Hub
+        [checkpoint] = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+        assert checkpoint["publish_status"] is None and checkpoint["served_acceptance_length"] == al
+        by_hand = pg_api.post(f"/api/checkpoints/{checkpoint['id']}/publish", json={"repo_id": REPO})
+        assert by_hand.status_code == 202, by_hand.text
+        done = wait_for(lambda: (c := pg_api.get(f"/api/checkpoints/{checkpoint['id']}").json())
+                        ["publish_status"] != "publishing" and c, 120, "the publish by hand")
+        assert done["publish_status"] == "published", done
 
 
 def test_publish_needs_the_token_secret(pg_api: Api, pg_stack: Stack) -> None:

@@ -32,7 +32,7 @@ def test_a_checkpoint_with_its_evaluation_is_not_evaluated_again(pg_api: Api, pg
     from app.db.models import Checkpoint, Job
     from workers.pipeline.evaluate import evaluate
 
-    job_id = pg_api.post("/api/jobs", json=pg_job_body(evaluate={"prompts": 8, "baseline": False})).json()["id"]
+    job_id = pg_api.post("/api/jobs", json=pg_job_body(evaluate={"prompts": 8, "baseline": False, "ngram": False})).json()["id"]
     with session_scope() as session:
         spec = session.get(Job, job_id).spec
         older = Checkpoint(job_id=job_id, epoch=0, path="/w/0")
@@ -45,23 +45,28 @@ def test_a_checkpoint_with_its_evaluation_is_not_evaluated_again(pg_api: Api, pg
 
     ctx = NothingMayRun(job_id, spec)
     evaluate(ctx)  # type: ignore[arg-type]
-    assert ctx.events == [("skipped", "the epoch 1 checkpoint is already evaluated; keeping its "
+    assert ctx.events == [("skipped", "the checkpoints are already evaluated; keeping their "
                                       "evaluation")]
     with session_scope() as session:
         assert session.get(Checkpoint, best_id).evaluation == recorded
     assert pg_api.get(f"/api/checkpoints/{best_id}").json()["evaluation"] == recorded
 
 
+SETTINGS = {"prompts": 8, "max_tokens": 64, "baseline": False, "ngram": False,
+            "checkpoints": "best"}
+
+
 @pytest.mark.parametrize("change", [{"checkpoint_id": "ckpt_another"}, {"max_tokens": 32},
-                                    {"requested_prompts": 4}])
+                                    {"requested_prompts": 4}, {"checkpoints": "last:2"}])
 def test_an_evaluation_of_something_else_does_not_count(change: dict[str, Any]) -> None:
     from app.db.models import Checkpoint
     from workers.pipeline.evaluate import _already_evaluated
 
     checkpoint = Checkpoint(id="ckpt_1", evaluation=EVALUATION)
-    assert _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64, "baseline": False})
+    assert _already_evaluated(checkpoint, SETTINGS)
     checkpoint.evaluation = {**EVALUATION, **change}
-    assert not _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64, "baseline": False})
-    # Asked for the baseline now, evaluated without it then: evaluated again.
+    assert not _already_evaluated(checkpoint, SETTINGS)
+    # Asked for a baseline now, evaluated without it then: evaluated again.
     checkpoint.evaluation = EVALUATION
-    assert not _already_evaluated(checkpoint, {"prompts": 8, "max_tokens": 64, "baseline": True})
+    assert not _already_evaluated(checkpoint, {**SETTINGS, "baseline": True})
+    assert not _already_evaluated(checkpoint, {**SETTINGS, "ngram": True})

@@ -3,6 +3,8 @@ validation, idempotency, project isolation, pagination, plan and cancel of a que
 
 from __future__ import annotations
 
+import json
+
 import os
 from pathlib import Path
 
@@ -151,6 +153,22 @@ def stack_spec(stack: Stack, job_id: str) -> dict:
     ({"evaluate": {"temperature": 1}}, "unknown_field", "evaluate.temperature"),
     ({"evaluate": "yes"}, "invalid_value", "evaluate"),
     ({"evaluate": None}, "invalid_value", "evaluate"),
+    ({"evaluate": {"baseline": 1}}, "invalid_value", "evaluate.baseline"),
+    ({"evaluate": {"checkpoints": "last:0"}}, "invalid_value", "evaluate.checkpoints"),
+    ({"evaluate": {"checkpoints": "worst"}}, "invalid_value", "evaluate.checkpoints"),
+    ({"data": {"max_samples": 0}}, "invalid_value", "data.max_samples"),
+    ({"data": {"temperature": 3}}, "invalid_value", "data.temperature"),
+    ({"data": {"regenerate": True, "temperature": 0.7}}, "invalid_value", "data.temperature"),
+    ({"data": {"bogus": 1}}, "unknown_field", "data.bogus"),
+    ({"gate": {"min_acceptance_length": 0.5}}, "invalid_value", "gate.min_acceptance_length"),
+    ({"gate": {"min_speedup": 0}}, "invalid_value", "gate.min_speedup"),
+    ({"gate": "strict"}, "invalid_value", "gate"),
+    ({"gate": {"min_acceptance_length": 2}, "evaluate": False}, "invalid_value",
+     "gate.min_acceptance_length"),
+    ({"gate": {"min_speedup": 1.2}, "evaluate": {"baseline": False}}, "invalid_value",
+     "gate.min_speedup"),
+    ({"gate": {"beat_ngram": True}, "evaluate": {"ngram": False}}, "invalid_value",
+     "gate.beat_ngram"),
 ])
 def test_bad_input_is_rejected_and_writes_nothing(api: Api, job_body, stack: Stack,
                                                    overrides, code, param) -> None:
@@ -160,16 +178,20 @@ def test_bad_input_is_rejected_and_writes_nothing(api: Api, job_body, stack: Sta
 
 
 def test_evaluation_settings_default_skip_and_explain_errors(api: Api, job_body, stack: Stack) -> None:
+    defaults = {"prompts": 8, "max_tokens": 64, "baseline": True, "ngram": True,
+                "checkpoints": "best"}
     default = api.post("/api/jobs", json=job_body()).json()
-    assert default["evaluate"] == {"prompts": 8, "max_tokens": 64, "baseline": True}
-    stages = [s["stage"] for s in api.get(f"/api/jobs/{default['id']}/plan").json()["stages"]]
-    assert stages[-1] == "evaluating"
+    assert default["evaluate"] == defaults
+    stages = [s for s in api.get(f"/api/jobs/{default['id']}/plan").json()["stages"]]
+    assert [s["stage"] for s in stages][-3:] == ["evaluating"] * 3
+    assert [s["description"].rsplit(", ", 1)[1] for s in stages[-3:]] == [
+        "evaluating the trained drafter", "the n-gram (prompt lookup) baseline",
+        "the no-speculation baseline"]
+    assert default["served_acceptance_length"] is None and default["evaluation"] is None
     custom = api.post("/api/jobs", json=job_body(evaluate={"prompts": 32})).json()
-    assert custom["evaluate"] == {"prompts": 32, "max_tokens": 64, "baseline": True}
-    assert stack_spec(stack, custom["id"])["evaluate"] == {"prompts": 32, "max_tokens": 64,
-                                                           "baseline": True}
-    assert api.post("/api/jobs", json=job_body(evaluate=True)).json()["evaluate"] == {
-        "prompts": 8, "max_tokens": 64, "baseline": True}
+    assert custom["evaluate"] == {**defaults, "prompts": 32}
+    assert stack_spec(stack, custom["id"])["evaluate"] == {**defaults, "prompts": 32}
+    assert api.post("/api/jobs", json=job_body(evaluate=True)).json()["evaluate"] == defaults
     skipped = api.post("/api/jobs", json=job_body(evaluate=False)).json()
     assert skipped["evaluate"] is False
     assert stack_spec(stack, skipped["id"])["evaluate"] is False
@@ -307,6 +329,35 @@ def test_a_201_means_committed(api: Api, job_body, stack: Stack) -> None:
     assert fetched.status_code == 200, fetched.text
 
 
+def test_data_and_gate_settings_with_their_defaults(api: Api, job_body, stack: Stack) -> None:
+    local = api.post("/api/jobs", json=job_body()).json()
+    assert local["data"] == {"regenerate": False, "max_samples": None, "max_tokens": 4096,
+                             "temperature": 0.0, "concurrency": 16}
+    assert local["gate"] is None  # no default gate on the local runtime
+    vllm = api.post("/api/jobs", json=job_body(runtime="vllm")).json()
+    assert vllm["gate"] == {"min_acceptance_length": None, "min_speedup": 1.0, "beat_ngram": False}
+    assert api.post("/api/jobs", json=job_body(runtime="vllm", gate=False)).json()["gate"] is None
+    no_baseline = api.post("/api/jobs", json=job_body(runtime="vllm",
+                                                      evaluate={"baseline": False})).json()
+    assert no_baseline["gate"] is None  # nothing to measure a speedup against
+    gated = api.post("/api/jobs", json=job_body(gate={"min_acceptance_length": 3,
+                                                      "beat_ngram": True})).json()
+    assert gated["gate"] == {"min_acceptance_length": 3.0, "min_speedup": None, "beat_ngram": True}
+    assert stack_spec(stack, gated["id"])["gate"] == gated["gate"]
+    regenerated = api.post("/api/jobs", json=job_body(
+        data={"regenerate": True, "max_samples": 50},
+        speculator={"total_seq_len": 512})).json()
+    assert regenerated["data"]["max_tokens"] == 256  # half the training sequence length
+    plan = api.get(f"/api/jobs/{regenerated['id']}/plan").json()["stages"]
+    server, client = plan[0], plan[1]
+    assert server["stage"] == client["stage"] == "regenerating_data"
+    assert "--speculative-config" not in server["argv"]  # the verifier alone generates
+    assert client["argv"][client["argv"].index("--limit") + 1] == "50"
+    assert client["argv"][client["argv"].index("--max-tokens") + 1] == "256"
+    assert json.loads(client["argv"][client["argv"].index("--sampling-params") + 1]) == {
+        "temperature": 0.0}
+
+
 def test_jobs_reference_datasets_by_id(api: Api, job_body, stack: Stack, make_api) -> None:
     upload = api.post("/api/datasets", files={"file": ("chat.jsonl", (stack.data_root / "chat.jsonl").read_bytes())})
     assert upload.status_code == 201, upload.text
@@ -324,6 +375,18 @@ def test_jobs_reference_datasets_by_id(api: Api, job_body, stack: Stack, make_ap
     assert_error(make_api(api).post("/api/jobs", json=job_body(dataset=dataset_id)), 422,
                  "dataset_not_found", "dataset")
     public = api.post("/api/datasets", json={"public": "ultrachat"}).json()["id"]
-    assert_error(api.post("/api/jobs", json=job_body(dataset=public)), 422,
-                 "dataset_not_trainable", "dataset")
+    # A public preset holds other models' replies: it is trained on after the verifier
+    # regenerates them, never as it is.
+    assert_error(api.post("/api/jobs", json=job_body(dataset=public, data={"regenerate": False})),
+                 422, "invalid_value", "data.regenerate")
     assert count_jobs(stack) == before
+    preset_job = api.post("/api/jobs", json=job_body(dataset=public))
+    assert preset_job.status_code == 201, preset_job.text
+    assert preset_job.json()["data"]["regenerate"] is True
+    plan = api.get(f"/api/jobs/{preset_job.json()['id']}/plan").json()
+    assert [s["stage"] for s in plan["stages"]][:2] == ["regenerating_data", "regenerating_data"]
+    regenerate = plan["stages"][1]["argv"]
+    assert regenerate[regenerate.index("--dataset") + 1] == "ultrachat"
+    assert "--resume" in regenerate
+    prep = next(s for s in plan["stages"] if s["stage"] == "preparing_data")["argv"]
+    assert prep[prep.index("--data") + 1].endswith(f"{preset_job.json()['id']}/regenerated.jsonl")

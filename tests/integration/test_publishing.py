@@ -177,8 +177,11 @@ def test_card_of_a_checkpoint_shows_its_recorded_evaluation(checkpoint: Path) ->
     assert "Not evaluated yet" in unevaluated
     text = card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=RECORDED), job, REPO_ID)
     assert "Not evaluated yet" not in text
-    evaluation = text.split("## Evaluation", 1)[1].split("## Files", 1)[0]
-    assert "| Mean acceptance length | 2.3125 |" in evaluation
+    evaluation = text.split("## Evaluation: served acceptance", 1)[1].split("## Training data", 1)[0]
+    assert "| Served mean acceptance length | 2.3125 |" in evaluation
+    # The served number leads the card; the trainer's numbers follow, labelled as estimates.
+    assert text.index("## Evaluation: served acceptance") < text.index(
+        "## Training metrics (the trainer's estimates)")
     assert "| Acceptance rate per position | [0.75, 0.4375, 0.125] |" in evaluation
     assert "| Prompts | 8 (validation split), greedy, at most 64 new tokens each |" in evaluation
     assert "| Runtime | local (local DFlash engine (CPU), evaluating the best checkpoint) |" in evaluation

@@ -1,5 +1,6 @@
-"""The local DFlash serving engine: a real server subprocess, the ``openai`` SDK as the
-client, and outputs compared with the demo verifier's plain greedy decoding.
+"""The local serving engine: real server subprocesses (the verifier with a DFlash drafter, with
+n-gram drafting, and alone), the ``openai`` SDK and ``speculators regenerate-responses`` as
+clients, and outputs compared with the demo verifier's plain greedy decoding.
 
 The trained drafter comes from a one-epoch CPU training run against the session's
 hidden-states server (the command of test_local_training.py, with a 2-layer draft).
@@ -7,8 +8,11 @@ hidden-states server (the command of test_local_training.py, with a 2-layer draf
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +21,7 @@ import httpx
 import openai
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
@@ -32,7 +37,16 @@ from tests.local_runtime.procs import (
     run_logged,
     wait_until_ready,
 )
-from workers.runtimes.local.engine import DFlashEngine, _parse_args, resolve_drafter_dir
+from workers.runtimes import NGRAM_LOOKUP
+from workers.runtimes.local.commands import serve_command
+from workers.runtimes.local.engine import (
+    DFlashEngine,
+    LocalEngine,
+    _parse_args,
+    build_app,
+    resolve_drafter_dir,
+)
+from workers.runtimes.local.speculation import NgramProposer, SpeculativeConfig
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +63,8 @@ PROMPTS: list[list[dict[str, str]]] = [
 API_KEY_ENV = "SPECDECK_TEST_ENGINE_KEY"
 API_KEY = "sk-local-test-key"
 SERVED_NAME = "demo-dflash"
+NGRAM_TOKENS = 7
+NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": NGRAM_TOKENS, **NGRAM_LOOKUP}
 
 TRAIN_ARGS = [
     "--speculator-type", "dflash",
@@ -155,6 +171,7 @@ class EngineServer:
     base_url: str
     log_path: Path
     api_key: str
+    served_name: str = SERVED_NAME
 
     def client(self, api_key: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(
@@ -169,17 +186,18 @@ def servers(
     """(trained drafter with an API key, random drafter without one), started together."""
     trained_port, random_port = free_port(), free_port()
     common = [PYTHON, "-m", "workers.runtimes.local.engine", "--verifier", str(demo_model)]
+    trained_config = {"method": "dflash", "model": str(trained_save_path)}  # checkpoint_best
+    random_config = {"method": "dflash", "model": str(random_drafter), "num_speculative_tokens": 4}
     trained_argv = [
         *common,
-        "--drafter", str(trained_save_path),  # resolves checkpoint_best
+        "--speculative-config", json.dumps(trained_config),
         "--served-model-name", SERVED_NAME,
         "--port", str(trained_port),
         "--api-key-env", API_KEY_ENV,
     ]  # fmt: skip
     random_argv = [
         *common,
-        "--drafter", str(random_drafter),
-        "--num-speculative-tokens", "4",
+        "--speculative-config", json.dumps(random_config),
         "--port", str(random_port),
         "--api-key-env", API_KEY_ENV,  # not set for this one: no key needed
     ]  # fmt: skip
@@ -204,6 +222,41 @@ def trained_server(servers: tuple[EngineServer, EngineServer]) -> EngineServer:
 @pytest.fixture(scope="module")
 def random_server(servers: tuple[EngineServer, EngineServer]) -> EngineServer:
     return servers[1]
+
+
+@pytest.fixture(scope="module")
+def baseline_servers(demo_model: Path, workspace: Path) -> Iterator[dict[str, EngineServer]]:
+    """The verifier alone and with n-gram drafting, started by the command a deployment (and
+    the evaluation's baselines) run: ``serve_command``. No API key (an empty one). Served as
+    the verifier's path, as the regenerating_data stage serves it (regenerate-responses loads
+    its tokenizer by that name)."""
+    started: dict[str, EngineServer] = {}
+    with contextlib.ExitStack() as stack:
+        procs = {}
+        for name, method, tokens in (("plain", None, 0), ("ngram", "ngram", NGRAM_TOKENS)):
+            port = free_port()
+            spec = {"verifier": str(demo_model), "num_speculative_tokens": tokens,
+                    "method": method, "runtime": "local"}  # fmt: skip
+            command = serve_command(spec, str(demo_model), port=port, host="127.0.0.1",
+                                    gpus=[], api_key="")  # fmt: skip
+            log = workspace / f"engine_{name}.log"
+            procs[name] = stack.enter_context(
+                background(command.argv, log, env=child_env(**command.env))
+            )
+            started[name] = EngineServer(f"http://127.0.0.1:{port}", log, "unused", str(demo_model))
+        for name, server in started.items():
+            wait_until_ready(server.base_url, procs[name], server.log_path)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def plain_server(baseline_servers: dict[str, EngineServer]) -> EngineServer:
+    return baseline_servers["plain"]
+
+
+@pytest.fixture(scope="module")
+def ngram_server(baseline_servers: dict[str, EngineServer]) -> EngineServer:
+    return baseline_servers["ngram"]
 
 
 # Helpers -----------------------------------------------------------------------------
@@ -512,7 +565,329 @@ def test_reduced_draft_vocab_maps_back_with_d2t(
 
 def test_api_key_is_not_accepted_on_argv() -> None:
     """Only the variable's name is an argument; no prefix of it passes for a key flag."""
-    args = _parse_args(["--verifier", "v", "--drafter", "d", "--api-key-env", API_KEY_ENV])
+    args = _parse_args(["--verifier", "v", "--api-key-env", API_KEY_ENV])
     assert args.api_key_env == API_KEY_ENV
+    assert args.speculative_config is None
     with pytest.raises(SystemExit):
-        _parse_args(["--verifier", "v", "--drafter", "d", "--api-key", "secret"])
+        _parse_args(["--verifier", "v", "--api-key", "secret"])
+
+
+# Tests: n-gram drafting, the verifier alone, token ids, /v1/completions ------------------------
+
+
+def _vllm_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """vLLM's prompt-lookup rule, by brute force: the longest match (at most ``max_n``) of the
+    context's suffix that starts earlier in the context, at its earliest start; what follows."""
+    total = len(tokens)
+    best_n, best_start = 0, -1
+    for start in range(total - 1):
+        n = 0  # the longest length <= max_n with tokens[start:start + n] == tokens[-n:]
+        for length in range(1, max_n + 1):
+            if start + length >= total:  # the occurrence must start before the suffix
+                break
+            if tokens[start : start + length] == tokens[total - length :]:
+                n = length
+        if n > best_n:
+            best_n, best_start = n, start
+    if best_n < min_n:
+        return []
+    return tokens[best_start + best_n : best_start + best_n + k]
+
+
+def test_ngram_proposer_follows_vllm() -> None:
+    """vLLM's own example, then random contexts against the brute-force rule, as the context
+    grows token by token (the proposer is incremental)."""
+    proposer = NgramProposer(2, 3)
+    proposer.extend([1, 2, 3, 4, 2, 3])
+    assert proposer.propose(4) == [4, 2, 3]  # [4,2,3] never occurred; [2,3] did, at 1
+    rng = random.Random(0)
+    for trial in range(200):
+        min_n, max_n = rng.choice([(1, 4), (2, 3), (1, 1), (3, 5)])
+        k = rng.randint(1, 7)
+        tokens = [rng.randint(0, 3 if trial % 2 else 8) for _ in range(rng.randint(1, 40))]
+        proposer = NgramProposer(min_n, max_n)
+        proposer.extend(tokens[:1])
+        for end in range(2, len(tokens) + 1):
+            proposer.extend(tokens[end - 1 : end])
+            expected = _vllm_ngram(tokens[:end], min_n, max_n, k)
+            assert proposer.propose(k) == expected, (tokens[:end], min_n, max_n, k)
+
+
+def _check_counters(delta: dict[str, float], num_speculative_tokens: int) -> None:
+    """vLLM's invariants: per-position counts add up to the accepted tokens and never grow
+    with the position; at most N tokens per draft; AL >= 1."""
+    assert delta["draft_tokens"] <= num_speculative_tokens * delta["drafts"]
+    per_pos = [delta[f"pos{i}"] for i in range(num_speculative_tokens)]
+    assert sum(per_pos) == delta["accepted"]
+    assert per_pos == sorted(per_pos, reverse=True)
+    assert 0 <= delta["accepted"] <= delta["draft_tokens"]
+    assert _acceptance_length(delta) >= 1.0
+
+
+def test_ngram_server_matches_greedy_and_counts_drafts(
+    ngram_server: EngineServer, references: list[Reference]
+) -> None:
+    client = ngram_server.client()
+    before = _spec_counters(ngram_server)
+    for messages, ref in zip(PROMPTS, references, strict=True):
+        completion = client.chat.completions.create(
+            model=ngram_server.served_name, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert completion.choices[0].message.content == ref.text
+        assert completion.choices[0].finish_reason == _expected_finish(ref)
+    delta = _delta(_spec_counters(ngram_server), before)
+    assert delta["generated"] == sum(len(r.output_ids) for r in references)
+    _check_counters(delta, NGRAM_TOKENS)
+    # The demo verifier repeats itself: prompt lookup finds matches and some are right.
+    assert delta["drafts"] > 0 and delta["accepted"] > 0, delta
+    # A step without a match is a plain step, not a draft: fewer drafts than decode steps.
+    assert delta["drafts"] + delta["accepted"] <= delta["generated"]
+
+
+def test_ngram_engine_token_ids_equal_generate(
+    demo_model: Path, references: list[Reference]
+) -> None:
+    engine = LocalEngine(demo_model, NGRAM_CONFIG)
+    assert engine.drafter is None and engine.num_speculative_tokens == NGRAM_TOKENS
+    drafts = accepted = 0
+    for ref in references:
+        generation, steps = engine.generate(ref.prompt_ids, MAX_TOKENS)
+        assert generation.output_ids == ref.output_ids
+        assert all(s.num_draft_tokens <= NGRAM_TOKENS for s in steps)
+        drafts += sum(1 for s in steps if s.num_draft_tokens)
+        accepted += sum(s.num_accepted_tokens for s in steps)
+    assert drafts > 0 and accepted > 0
+
+
+def test_verifier_alone_loads_no_drafter_and_matches_generate(
+    demo_model: Path, references: list[Reference]
+) -> None:
+    engine = LocalEngine(demo_model)
+    assert engine.drafter is None and engine.method is None
+    assert engine.num_speculative_tokens == 0 and engine.runner.capture_layer_ids == []
+    for ref in references:
+        generation, steps = engine.generate(ref.prompt_ids, MAX_TOKENS)
+        assert generation.output_ids == ref.output_ids
+        assert [len(s.token_ids) for s in steps] == [1] * len(ref.output_ids)
+        assert all(s.num_draft_tokens == 0 for s in steps)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        engine.start(references[0].prompt_ids, 4, num_speculative_tokens=2)
+
+
+def test_plain_server_reports_no_drafts(
+    plain_server: EngineServer, references: list[Reference]
+) -> None:
+    client = plain_server.client()
+    before = _spec_counters(plain_server)
+    for messages, ref in zip(PROMPTS, references, strict=True):
+        completion = client.chat.completions.create(
+            model=plain_server.served_name, messages=messages, max_tokens=MAX_TOKENS
+        )
+        assert completion.choices[0].message.content == ref.text
+    delta = _delta(_spec_counters(plain_server), before)
+    assert delta["generated"] == sum(len(r.output_ids) for r in references)
+    assert delta["drafts"] == delta["draft_tokens"] == delta["accepted"] == 0
+    assert not any(key.startswith("pos") for key in delta)
+    assert "no speculative decoding" in plain_server.log_path.read_text()
+
+
+@pytest.mark.parametrize("server_name", ["plain", "ngram"])
+def test_return_token_ids(
+    baseline_servers: dict[str, EngineServer],
+    demo_model: Path,
+    references: list[Reference],
+    server_name: str,
+) -> None:
+    """prompt_token_ids is the chat template's render; token_ids the generated ids, with a
+    generated stop token; without the flag neither is there."""
+    server = baseline_servers[server_name]
+    tokenizer = AutoTokenizer.from_pretrained(demo_model)
+    stops = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    for messages, ref in zip(PROMPTS, references, strict=True):
+        response = httpx.post(
+            f"{server.base_url}/v1/chat/completions",
+            json={"model": server.served_name, "messages": messages, "max_tokens": MAX_TOKENS,
+                  "temperature": 0, "top_p": 1.0, "return_token_ids": True},
+            timeout=120,
+        )  # fmt: skip
+        assert response.status_code == 200, response.text
+        body = response.json()
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        assert body["prompt_token_ids"] == list(rendered["input_ids"]) == ref.prompt_ids
+        assert body["choices"][0]["token_ids"] == ref.output_ids
+        if body["choices"][0]["finish_reason"] == "stop":
+            assert ref.output_ids[-1] in stops
+    plain = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"messages": PROMPTS[0], "max_tokens": 4},
+        timeout=60,
+    ).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+
+
+def test_a_generated_stop_token_is_in_token_ids(
+    demo_model: Path, references: list[Reference]
+) -> None:
+    """A reply that ends with a stop token returns it in token_ids, as vLLM does (the demo
+    verifier seldom stops by itself: a token it does generate is made a stop token)."""
+    engine = LocalEngine(demo_model)
+    ref = references[0]
+    stop = ref.output_ids[MAX_TOKENS // 2]
+    engine.stop_token_ids = frozenset({stop})
+    expected = ref.output_ids[: ref.output_ids.index(stop) + 1]
+    with TestClient(build_app(engine, "m")) as client:
+        body = client.post(
+            "/v1/chat/completions",
+            json={"messages": PROMPTS[0], "max_tokens": MAX_TOKENS, "return_token_ids": True},
+        ).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == expected and expected[-1] == stop
+    assert body["usage"]["completion_tokens"] == len(expected)
+
+
+def test_completions_with_token_id_prompts_match_generate(
+    baseline_servers: dict[str, EngineServer], references: list[Reference]
+) -> None:
+    for server in baseline_servers.values():
+        client = server.client()
+        for ref in references:
+            response = httpx.post(
+                f"{server.base_url}/v1/completions",
+                json={"model": server.served_name, "prompt": ref.prompt_ids,
+                      "max_tokens": MAX_TOKENS, "temperature": 0, "stream": False,
+                      "return_token_ids": True},
+                timeout=120,
+            ).json()  # fmt: skip
+            choice = response["choices"][0]
+            assert response["object"] == "text_completion"
+            assert choice["text"] == ref.text
+            assert choice["token_ids"] == ref.output_ids
+            assert choice["prompt_token_ids"] == ref.prompt_ids
+            assert choice["finish_reason"] == _expected_finish(ref)
+            assert response["usage"] == {
+                "prompt_tokens": len(ref.prompt_ids),
+                "completion_tokens": len(ref.output_ids),
+                "total_tokens": len(ref.prompt_ids) + len(ref.output_ids),
+            }
+        # The SDK's own call, a text prompt: the same text as the chat route gives for the
+        # template's rendering of it.
+        text_prompt = client.completions.create(
+            model=server.served_name, prompt="the quiet river", max_tokens=5
+        )
+        assert text_prompt.choices[0].finish_reason in ("length", "stop")
+        assert text_prompt.usage is not None and text_prompt.usage.completion_tokens <= 5
+    bad = httpx.post(
+        f"{baseline_servers['plain'].base_url}/v1/completions",
+        json={"prompt": [1, 10**9], "max_tokens": 2},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+
+
+def test_regenerate_responses_against_the_plain_server(
+    plain_server: EngineServer, demo_model: Path, demo_data: Path, workspace: Path
+) -> None:
+    """speculators' own client, concurrent requests: every row is the template's prompt ids
+    followed by the verifier's greedy reply ids."""
+    out = workspace / "regenerated.jsonl"
+    argv = [
+        PYTHON, "-m", "speculators", "regenerate-responses",
+        "--endpoint", f"{plain_server.base_url}/v1/chat/completions",
+        "--model", str(demo_model),
+        "--dataset", str(demo_data),
+        "--outfile", str(out),
+        "--limit", "4",
+        "--concurrency", "4",
+        "--max-tokens", "24",
+        "--sampling-params", json.dumps({"temperature": 0}),
+    ]  # fmt: skip
+    rc, log = run_logged(argv, workspace / "regenerate.log", timeout_s=300)
+    assert rc == 0, log[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert len(rows) == 4, log[-3000:]
+    verifier = AutoModelForCausalLM.from_pretrained(demo_model).eval()
+    for row in rows:
+        ids, mask = row["input_ids"], row["loss_mask"]
+        prompt_len = mask.index(1)
+        assert all(mask[prompt_len:]) and not any(mask[:prompt_len])
+        assert ids[prompt_len:] == _greedy(verifier, ids[:prompt_len], 24)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ('{"method": "eagle3", "model": "x"}', "method 'eagle3' is not served"),
+        ('{"method": "dflash"}', "needs \"model\""),
+        ('{"method": "dflash", "model": "d", "draft_tensor_parallel_size": 1}', "unsupported key"),
+        ('{"method": "ngram", "prompt_lookup_max": 4}', "needs num_speculative_tokens"),
+        ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, '
+         '"prompt_lookup_max": 2}', "must not exceed"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "positive integer"),
+        ("dflash", "not valid JSON"),
+        ("NO_DRAFTER", "no drafter at"),
+    ],
+)
+def test_bad_speculative_config_exits_with_a_clear_message(
+    demo_model: Path, workspace: Path, config: str, message: str
+) -> None:
+    if config == "NO_DRAFTER":
+        config = json.dumps({"method": "dflash", "model": str(workspace / "no-such-drafter")})
+    argv = [
+        PYTHON, "-m", "workers.runtimes.local.engine", "--verifier", str(demo_model),
+        "--speculative-config", config, "--port", str(free_port()),
+    ]  # fmt: skip
+    result = subprocess.run(
+        argv, env=child_env(), capture_output=True, text=True, timeout=180, check=False
+    )
+    assert result.returncode != 0
+    assert "--speculative-config" in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_speculative_config_defaults_follow_vllm() -> None:
+    one = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 3,
+                                   "prompt_lookup_max": 4})  # fmt: skip
+    assert one is not None and (one.prompt_lookup_min, one.prompt_lookup_max) == (4, 4)
+    neither = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert neither is not None and (neither.prompt_lookup_min, neither.prompt_lookup_max) == (5, 5)
+    assert SpeculativeConfig.parse(None) is None
+
+
+def test_transformers_forward_path_equals_the_lean_one(
+    demo_model: Path, trained_save_path: Path, references: list[Reference]
+) -> None:
+    """The generic path (transformers' forward, hooks for the aux states) stays lossless and
+    drafts exactly what the lean path drafts."""
+    lean = DFlashEngine(demo_model, trained_save_path / "0")
+    generic = DFlashEngine(demo_model, trained_save_path / "0", lean=False)
+    assert lean.runner.lean and not generic.runner.lean
+    for ref in references[:2]:
+        a, a_steps = lean.generate(ref.prompt_ids, MAX_TOKENS)
+        b, b_steps = generic.generate(ref.prompt_ids, MAX_TOKENS)
+        assert a.output_ids == b.output_ids == ref.output_ids
+        assert [s.num_accepted_tokens for s in a_steps] == [s.num_accepted_tokens for s in b_steps]
+
+
+def test_plain_decoding_is_bit_identical_to_generate(demo_model: Path) -> None:
+    """The lean forward's prefill and single-token steps give generate()'s logits bit for bit
+    (same ops in the same order), so the verifier alone is generate() itself, faster."""
+    engine = LocalEngine(demo_model)
+    assert engine.runner.lean
+    ids = engine.render(PROMPTS[1])
+    with torch.inference_mode():
+        out = engine.verifier.generate(
+            torch.tensor([ids]),
+            max_new_tokens=24,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        cache = engine.runner.new_cache(len(ids) + 24)
+        logits, _ = engine.runner.forward(ids, cache)
+        mine = [logits[-1]]
+        for token in out.sequences[0, len(ids) : -1].tolist():
+            logits, _ = engine.runner.forward([token], cache)
+            mine.append(logits[-1])
+    assert len(mine) == len(out.logits) == 24
+    assert all(torch.equal(a, b[0]) for a, b in zip(mine, out.logits, strict=True))

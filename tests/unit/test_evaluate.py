@@ -200,12 +200,67 @@ WITH_BASELINE = {**EVALUATION, "baseline_output_tokens_per_s": 10.0, "speedup": 
 
 
 def test_the_event_reads_as_a_sentence() -> None:
-    assert summary(EVALUATION) == ("mean acceptance length 2.31 over 8 prompts (epoch 1 checkpoint, "
-                                   "local runtime, 14.8 output tokens/s)")
+    assert summary(EVALUATION) == ("served mean acceptance length 2.31 over 8 held-out prompts "
+                                   "(epoch 1 checkpoint, local runtime, 14.8 output tokens/s)")
     assert summary({**EVALUATION, "mean_acceptance_length": None}).startswith(
-        "no speculative drafts were made over 8 prompts")
+        "no speculative drafts were made over 8 held-out prompts")
     assert summary(WITH_BASELINE).endswith(
         "14.8 output tokens/s, 1.48x the verifier alone, outputs identical 8/8)")
+
+
+def test_the_event_puts_the_served_number_first_and_labels_the_estimate() -> None:
+    full = {**WITH_BASELINE, "ngram_mean_acceptance_length": 1.8, "beats_ngram": True,
+            "trainer_eal_estimate": 4.4, "warnings": ["the trainer's estimate overstates it"]}
+    line = summary(full)
+    assert line.startswith("served mean acceptance length 2.31 (n-gram 1.80, no speculation 1.00)")
+    assert "; the trainer's estimate was eal 4.40. Warning: the trainer's estimate" in line
+    assert line.index("2.31") < line.index("4.40")
+
+
+def test_ngram_figures_flag_a_drafter_that_does_not_beat_prompt_lookup() -> None:
+    from workers.pipeline.evaluate import Measurement, SpecDecodeCounters, ngram_figures
+
+    ngram = Measurement(SpecDecodeCounters(drafts=10, draft_tokens=30, accepted_tokens=12,
+                                           accepted_per_position={0: 6, 1: 4, 2: 2}),
+                        completion_tokens=40, seconds=2.0)
+    worse = ngram_figures({"mean_acceptance_length": 1.5}, ngram, 3)
+    assert worse["ngram_mean_acceptance_length"] == 2.2 and worse["beats_ngram"] is False
+    assert worse["warnings"] == ["the drafter does not beat n-gram drafting: served acceptance "
+                                 "length 1.50 vs 2.20 for prompt lookup"]
+    better = ngram_figures({"mean_acceptance_length": 3.1}, ngram, 3)
+    assert better["beats_ngram"] is True and "warnings" not in better
+    # n-gram made no draft at all (nothing in the context repeated): it stands at 1.0
+    none = ngram_figures({"mean_acceptance_length": 1.2},
+                         Measurement(SpecDecodeCounters(), 40, 2.0), 3)
+    assert none["ngram_mean_acceptance_length"] is None and none["beats_ngram"] is True
+
+
+def test_estimate_figures_label_the_trainer_eal_and_warn_when_it_overstates() -> None:
+    from workers.pipeline.evaluate import estimate_figures
+
+    assert estimate_figures({"mean_acceptance_length": 3.0}, 3.2) == {
+        "trainer_eal_estimate": 3.2, "served_vs_trainer_eal": 0.938}
+    over = estimate_figures({"mean_acceptance_length": 1.65, "warnings": ["x"]}, 3.16)
+    assert over["served_vs_trainer_eal"] == 0.522
+    assert over["warnings"] == ["x", "the trainer's estimate (eal 3.16) overstates the served "
+                                "acceptance length (1.65) by 1.9x"]
+    assert estimate_figures({"mean_acceptance_length": 2.0}, None)["served_vs_trainer_eal"] is None
+
+
+def test_the_gate_names_each_missed_condition_with_its_numbers() -> None:
+    from workers.pipeline.gate import gate_failures
+
+    evaluation = {"mean_acceptance_length": 1.65, "speedup": 0.55, "beats_ngram": False,
+                  "ngram_mean_acceptance_length": 2.8}
+    gate = {"min_acceptance_length": 3.0, "min_speedup": 1.0, "beat_ngram": True}
+    assert gate_failures(gate, evaluation) == [
+        "served mean acceptance length 1.65 < 3.00 required",
+        "speedup 0.55x over the verifier alone < 1.00x required",
+        "served mean acceptance length 1.65 does not beat n-gram drafting (2.80)"]
+    passing = {"mean_acceptance_length": 3.4, "speedup": 1.9, "beats_ngram": True}
+    assert gate_failures(gate, passing) == []
+    assert gate_failures({"min_speedup": 1.0}, {"mean_acceptance_length": 3.0}) == [
+        "speedup unknown over the verifier alone < 1.00x required"]
 
 
 def test_the_baseline_gives_the_speedup_and_compares_the_outputs() -> None:
@@ -222,27 +277,53 @@ def test_the_baseline_gives_the_speedup_and_compares_the_outputs() -> None:
 
 
 def test_the_baseline_engine_serves_the_verifier_without_speculation() -> None:
-    vllm = evaluation_command(SPEC, "/w/job/checkpoints/2", port=9001, gpus=[0, 1],
-                              api_key="k", speculative=False)
+    vllm = evaluation_command(SPEC, None, port=9001, gpus=[0, 1], api_key="k", method=None)
     assert "--speculative-config" not in vllm.argv and vllm.argv[:3] == ["vllm", "serve", SPEC["verifier_info"]["reference"]]
     assert vllm.description.endswith("the no-speculation baseline")
-    local = evaluation_command(spec(runtime="local"), "/w/job/checkpoints/2", port=9001, gpus=[],
-                               api_key="k", speculative=False)
-    assert local.argv[local.argv.index("--num-speculative-tokens") + 1] == "0"
+    local = evaluation_command(spec(runtime="local"), None, port=9001, gpus=[], api_key="k",
+                               method=None)
+    assert "--speculative-config" not in local.argv and "--verifier" in local.argv
+    assert local.description.startswith("local engine without speculative decoding")
+
+
+def test_the_ngram_baseline_uses_prompt_lookup_with_as_many_tokens() -> None:
+    for runtime in ("vllm", "local"):
+        command = evaluation_command(spec(runtime=runtime), None, port=9001, gpus=[0],
+                                     api_key="k", method="ngram")
+        config = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
+        assert config == {"method": "ngram", "num_speculative_tokens": 15,
+                          "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+        assert command.description.endswith("the n-gram (prompt lookup) baseline")
+
+
+def test_speculative_config_is_the_same_json_on_both_runtimes() -> None:
+    for runtime in ("vllm", "local"):
+        command = evaluation_command(spec(runtime=runtime), "/w/job/checkpoints/2", port=9001,
+                                     gpus=[0], api_key="k")
+        config = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
+        assert config == {"method": "dflash", "model": "/w/job/checkpoints/2",
+                          "num_speculative_tokens": SPEC["speculator"]["block_size"] - 1}
 
 
 def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
     rows = evaluation_card_rows(EVALUATION)
     assert rows == {
+        "Served mean acceptance length": 2.3125,
+        "Acceptance rate per position": [0.75, 0.4375, 0.125],
+        "Drafted tokens accepted": 0.4375,
         "Runtime": "local (local DFlash engine (CPU), evaluating the best checkpoint)",
         "Prompts": "8 (validation split), greedy, at most 64 new tokens each",
         "Speculative tokens per step": 3,
-        "Mean acceptance length": 2.3125,
-        "Acceptance rate per position": [0.75, 0.4375, 0.125],
-        "Drafted tokens accepted": 0.4375,
         "Completion tokens": 37,
         "Output tokens/s": 14.8,
     }
+    assert list(rows)[0] == "Served mean acceptance length"
+    full = evaluation_card_rows({**WITH_BASELINE, "ngram_mean_acceptance_length": 1.8,
+                                 "beats_ngram": True, "trainer_eal_estimate": 4.4,
+                                 "served_vs_trainer_eal": 0.526})
+    assert full["n-gram (prompt lookup) acceptance length"] == 1.8
+    assert full["Beats n-gram drafting"] == "yes"
+    assert full["Trainer's eal (an estimate)"] == 4.4
     rows = evaluation_card_rows(WITH_BASELINE)
     assert rows["Speedup vs. no speculation"] == 1.48
     assert rows["Outputs identical to the verifier alone"] == "8/8"

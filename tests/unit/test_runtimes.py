@@ -26,7 +26,7 @@ SPEC = {
 }
 PATHS = JobPaths(root=Path("/w/job"), hidden_states=Path("/w/job/hidden_states"),
                  data=Path("/w/job/data"), checkpoints=Path("/w/job/checkpoints"),
-                 log=Path("/l/job.log"))
+                 log=Path("/l/job.log"), regenerated=Path("/w/job/regenerated.jsonl"))
 
 
 def flag(argv: list[str], name: str, count: int = 1) -> list[str] | str:

@@ -5,16 +5,26 @@ from __future__ import annotations
 from app.services.state import Stage
 from workers.pipeline.data import prepare_data
 from workers.pipeline.evaluate import evaluate
+from workers.pipeline.gate import check_gate
 from workers.pipeline.publishing import publish
+from workers.pipeline.regenerate import regenerate
 from workers.pipeline.training import train
 from workers.pipeline.verifier import start_verifier
-from workers.runner import PipelineStage
-from workers.runtimes import evaluation_settings
+from workers.runner import JobContext, PipelineStage
+from workers.runtimes import data_settings, evaluation_settings
+
+
+def evaluate_and_gate(ctx: JobContext) -> None:
+    evaluate(ctx)
+    check_gate(ctx)
+
 
 PIPELINE: list[PipelineStage] = [
+    PipelineStage(Stage.REGENERATING_DATA, regenerate,
+                  when=lambda spec: data_settings(spec)["regenerate"]),
     PipelineStage(Stage.STARTING_VERIFIER, start_verifier),
     PipelineStage(Stage.PREPARING_DATA, prepare_data),
     PipelineStage(Stage.TRAINING, train),
-    PipelineStage(Stage.EVALUATING, evaluate, when=lambda spec: evaluation_settings(spec) is not None),
+    PipelineStage(Stage.EVALUATING, evaluate_and_gate, when=lambda spec: evaluation_settings(spec) is not None),
     PipelineStage(Stage.PUBLISHING, publish, when=lambda spec: bool(spec.get("publish"))),
 ]

@@ -30,7 +30,7 @@ def as_conversations(source: Path, target: Path) -> None:
 def prepare_data(ctx: JobContext) -> None:
     assert ctx.plan is not None, "the verifier stage sets the plan"
     data = training_data(ctx.spec, ctx.paths)
-    if data != ctx.spec["dataset_path"] and not Path(data).is_file():
+    if ctx.spec.get("dataset_format") == "messages" and not Path(data).is_file():
         as_conversations(Path(ctx.spec["dataset_path"]), Path(data))
     commands = [c for c in ctx.plan.stages if c.stage == "preparing_data"]
     if prepared(ctx):

@@ -32,8 +32,11 @@ from typing import Any, TypeVar
 
 import httpx
 
+from sqlalchemy import select
+
 from app.db import session_scope
-from app.db.models import Checkpoint, JobMetric
+from app.db.models import Checkpoint, Job, JobMetric
+from app.schemas.jobs import EvaluateSpec
 from workers.publish import best_checkpoint
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
@@ -41,6 +44,7 @@ from workers.runtimes import (
     EVALUATION_MODEL,
     JobPaths,
     StageCommand,
+    data_settings,
     evaluation_command,
     evaluation_settings,
     training_data,
@@ -231,22 +235,51 @@ def validation_prompt_texts(spec: dict[str, Any], data_dir: Path, n: int) -> lis
     return texts
 
 
+def validation_token_prompts(data_dir: Path, n: int) -> list[list[int]]:
+    """The prompt ids (every token before the first supervised one) of the last ``n``
+    validation rows of the prepared dataset: for regenerated data, the exact ids the verifier
+    was prompted with, and the training never saw these rows."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(data_dir)).with_format(None)
+    start = int(len(data) * TRAIN_DATA_RATIO)
+    prompts = []
+    for index in range(len(data) - 1, start - 1, -1):
+        row = data[index]
+        first = next((i for i, m in enumerate(row["loss_mask"]) if m), 0)
+        if first:
+            prompts.append(list(row["input_ids"][:first]))
+        if len(prompts) == n:
+            break
+    return prompts[::-1]
+
+
+Prompt = list[dict[str, Any]] | list[int]  # chat messages, or the ids of a rendered prompt
+
+
 def held_out_prompts(spec: dict[str, Any], paths: JobPaths,
-                     n: int) -> tuple[list[list[dict[str, Any]]], str, str | None]:
-    """Up to ``n`` prompts as chat messages, where they come from, and why the validation
-    split could not be used (None when it was)."""
-    source = Path(training_data(spec, paths))
+                     n: int) -> tuple[list[Prompt], str, str | None]:
+    """Up to ``n`` prompts, where they come from, and why the validation split could not be
+    used (None when it was). Regenerated data gives the validation rows' own prompt ids."""
     why: str | None = None
+    if data_settings(spec)["regenerate"]:
+        try:
+            prompts: list[Prompt] = list(validation_token_prompts(paths.data, n))
+        except Exception as exc:
+            raise StageFailed(f"the validation split could not be read: {exc}",
+                              code="data_error") from exc
+        return prompts, VALIDATION_SPLIT, None
+    source = Path(training_data(spec, paths))
     try:
         texts = validation_prompt_texts(spec, paths.data, n)
-        prompts = match_prompts(texts, conversations(source))[-n:]
+        prompts = list(match_prompts(texts, conversations(source))[-n:])
         if prompts:
             return prompts, VALIDATION_SPLIT, None
         why = "no validation row could be traced back to a conversation's first turn"
     except Exception as exc:  # a best effort: the fallback below still measures the drafter
         log.warning("validation prompts unavailable: %s", exc, exc_info=True)
         why = f"the validation split could not be read: {type(exc).__name__}: {exc}"
-    return last_conversations(source, n), LAST_CONVERSATIONS, why
+    return list(last_conversations(source, n)), LAST_CONVERSATIONS, why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,11 +298,13 @@ def while_running(ctx: JobContext, pool: concurrent.futures.Executor, fn: Callab
                 ctx.check()
 
 
-def _already_evaluated(checkpoint: Checkpoint, settings: dict[str, int]) -> bool:
+def _already_evaluated(checkpoint: Checkpoint, settings: dict[str, Any]) -> bool:
     done = checkpoint.evaluation or {}
     return (done.get("checkpoint_id") == checkpoint.id and done.get("max_tokens") == settings["max_tokens"]
             and done.get("requested_prompts") == settings["prompts"]
-            and ("speedup" in done) == settings["baseline"])
+            and ("speedup" in done) == settings["baseline"]
+            and ("ngram_mean_acceptance_length" in done) == settings["ngram"]
+            and done.get("checkpoints", "best") == settings["checkpoints"])
 
 
 def _stop_verifier_server(ctx: JobContext) -> None:
@@ -281,20 +316,58 @@ def _stop_verifier_server(ctx: JobContext) -> None:
     ctx.event("verifier_stopped", "hidden-states server stopped: the evaluation needs its GPUs")
 
 
-def _record(ctx: JobContext, checkpoint_id: str, epoch: int, evaluation: dict[str, Any]) -> None:
-    names = {"eval/mean_acceptance_length": evaluation["mean_acceptance_length"],
-             "eval/draft_acceptance_rate": evaluation["draft_acceptance_rate"],
-             "eval/output_tokens_per_s": evaluation["output_tokens_per_s"],
-             "eval/speedup": evaluation.get("speedup"),
+def candidates(session: Any, job_id: str, settings: dict[str, Any]) -> list[Checkpoint]:
+    """The checkpoints to serve: the trainer's best, or the last N epochs."""
+    last = EvaluateSpec(**settings).last_epochs()
+    if last is None:
+        best = best_checkpoint(session, job_id)
+        return [best] if best is not None else []
+    rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
+                           .order_by(Checkpoint.epoch.desc()).limit(last))
+    return list(rows)[::-1]
+
+
+def trainer_eal(metrics: dict[str, Any] | None) -> float | None:
+    """The trainer's own estimate of the acceptance length (validation ``eal``), if logged."""
+    value = (metrics or {}).get("eal_epoch", (metrics or {}).get("eal"))
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# The headline of a job's evaluation, in the order shown: what serving measured first, the
+# baselines beside it, the trainer's estimate last.
+HEADLINE = ("checkpoint_id", "epoch", "mean_acceptance_length", "ngram_mean_acceptance_length",
+            "speedup", "ngram_speedup", "beats_ngram", "outputs_identical_to_baseline",
+            "prompts", "prompt_source", "trainer_eal_estimate", "served_vs_trainer_eal", "warnings")
+
+
+def _record(ctx: JobContext, evaluations: dict[str, dict[str, Any]], selected: str) -> None:
+    chosen = evaluations[selected]
+    names = {"eval/mean_acceptance_length": chosen["mean_acceptance_length"],
+             "eval/draft_acceptance_rate": chosen["draft_acceptance_rate"],
+             "eval/output_tokens_per_s": chosen["output_tokens_per_s"],
+             "eval/speedup": chosen.get("speedup"),
+             "eval/ngram_mean_acceptance_length": chosen.get("ngram_mean_acceptance_length"),
+             "eval/ngram_speedup": chosen.get("ngram_speedup"),
+             "eval/trainer_eal_estimate": chosen.get("trainer_eal_estimate"),
              **{f"eval/acceptance_rate_pos_{p}": rate
-                for p, rate in enumerate(evaluation["acceptance_rate_per_position"])}}
+                for p, rate in enumerate(chosen["acceptance_rate_per_position"])}}
 
     def write(session: Any) -> None:
-        session.get(Checkpoint, checkpoint_id).evaluation = evaluation
-        session.add_all(JobMetric(job_id=ctx.job_id, step=None, epoch=epoch, name=name, value=value)
-                        for name, value in names.items() if value is not None)
+        for checkpoint_id, evaluation in evaluations.items():
+            session.get(Checkpoint, checkpoint_id).evaluation = evaluation
+        session.get(Job, ctx.job_id).evaluation = {k: chosen.get(k) for k in HEADLINE}
+        session.add_all(JobMetric(job_id=ctx.job_id, step=None, epoch=chosen["epoch"], name=name,
+                                  value=value) for name, value in names.items() if value is not None)
 
     ctx.write(write)  # one transaction: a rerun never finds metrics without the evaluation
+
+
+@dataclass(frozen=True)
+class Drafter:
+    checkpoint_id: str
+    epoch: int
+    path: str
+    trainer_eal: float | None
 
 
 def evaluate(ctx: JobContext) -> None:
@@ -302,75 +375,144 @@ def evaluate(ctx: JobContext) -> None:
     assert settings is not None, "the pipeline runs this stage only when the job evaluates"
     assert ctx.plan is not None, "the verifier stage sets the plan"
     with session_scope() as session:
-        checkpoint = best_checkpoint(session, ctx.job_id)
-        if checkpoint is None:
+        chosen = candidates(session, ctx.job_id, settings)
+        if not chosen:
             raise StageFailed("there is no checkpoint to evaluate", code="no_checkpoint")
-        checkpoint_id, epoch, drafter = checkpoint.id, checkpoint.epoch, checkpoint.path
-        if _already_evaluated(checkpoint, settings):
-            ctx.event("skipped", f"the epoch {epoch} checkpoint is already evaluated; keeping "
-                      "its evaluation", {"checkpoint_id": checkpoint_id})
+        if all(_already_evaluated(c, settings) for c in chosen):
+            ctx.event("skipped", "the checkpoints are already evaluated; keeping their evaluation",
+                      {"checkpoint_ids": [c.id for c in chosen]})
             return
+        drafters = [Drafter(c.id, c.epoch, c.path, trainer_eal(c.metrics)) for c in chosen]
     prompts, source, why = held_out_prompts(ctx.spec, ctx.paths, settings["prompts"])
     if not prompts:
         raise StageFailed("no conversation with a user turn to evaluate on", code="data_error")
     _stop_verifier_server(ctx)
 
-    ctx.event("evaluation_started", f"evaluating the epoch {epoch} checkpoint on "
-              f"{len(prompts)} prompts ({source})"
-              + (", then the verifier alone on the same prompts" if settings["baseline"] else ""),
-              {"checkpoint_id": checkpoint_id, "prompt_source": source,
+    also = [what for what, on in (("n-gram drafting", settings["ngram"]),
+                                  ("the verifier alone", settings["baseline"])) if on]
+    which = (f"the epoch {drafters[0].epoch} checkpoint" if len(drafters) == 1
+             else f"the last {len(drafters)} checkpoints")
+    ctx.event("evaluation_started", f"serving {which} on {len(prompts)} held-out prompts "
+              f"({source})" + (f", then {' and '.join(also)} on the same prompts" if also else ""),
+              {"checkpoint_ids": [d.checkpoint_id for d in drafters], "prompt_source": source,
                **({"why_not_validation": why} if why else {})})
-    command, result = serve_and_measure(ctx, drafter, prompts, settings["max_tokens"])
+    runs = {}
+    for drafter in drafters:
+        command, runs[drafter.checkpoint_id] = serve_and_measure(
+            ctx, drafter.path, prompts, settings["max_tokens"])
+    ngram = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method="ngram")[1]
+             if settings["ngram"] else None)
+    alone = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method=None)[1]
+             if settings["baseline"] else None)
+
     num_speculative_tokens = ctx.spec["speculator"]["block_size"] - 1
-    evaluation = {
-        "checkpoint_id": checkpoint_id,
-        "epoch": epoch,
-        "runtime": ctx.spec["runtime"],
-        "engine": command.description,
-        "prompts": len(prompts),
-        "requested_prompts": settings["prompts"],
-        "prompt_source": source,
-        "max_tokens": settings["max_tokens"],
-        "temperature": 0,
-        "num_speculative_tokens": num_speculative_tokens,
-        **acceptance(result.counters, num_speculative_tokens),
-        "completion_tokens": result.completion_tokens,
-        "seconds": round(result.seconds, 3),
-        "output_tokens_per_s": result.tokens_per_s,
-    }
-    if settings["baseline"]:
-        _, baseline = serve_and_measure(ctx, drafter, prompts, settings["max_tokens"],
-                                        speculative=False)
-        evaluation.update(baseline_figures(result, baseline))
-    _record(ctx, checkpoint_id, epoch, evaluation)
-    ctx.event("evaluated", summary(evaluation), evaluation)
+    evaluations = {}
+    for drafter in drafters:
+        result = runs[drafter.checkpoint_id]
+        evaluation = {
+            "checkpoint_id": drafter.checkpoint_id,
+            "epoch": drafter.epoch,
+            "runtime": ctx.spec["runtime"],
+            "engine": command.description,
+            "prompts": len(prompts),
+            "requested_prompts": settings["prompts"],
+            "prompt_source": source,
+            "max_tokens": settings["max_tokens"],
+            "checkpoints": settings["checkpoints"],
+            "temperature": 0,
+            "num_speculative_tokens": num_speculative_tokens,
+            **acceptance(result.counters, num_speculative_tokens),
+            "completion_tokens": result.completion_tokens,
+            "seconds": round(result.seconds, 3),
+            "output_tokens_per_s": result.tokens_per_s,
+        }
+        if ngram is not None:
+            evaluation.update(ngram_figures(evaluation, ngram, num_speculative_tokens))
+        if alone is not None:
+            evaluation.update(baseline_figures(result, alone, ngram))
+        evaluation.update(estimate_figures(evaluation, drafter.trainer_eal))
+        evaluations[drafter.checkpoint_id] = evaluation
+    selected = max(drafters, key=lambda d: (
+        evaluations[d.checkpoint_id]["mean_acceptance_length"] or 0, d.epoch)).checkpoint_id
+    for checkpoint_id, evaluation in evaluations.items():
+        evaluation["selected"] = checkpoint_id == selected
+    _record(ctx, evaluations, selected)
+    ctx.event("evaluated", summary(evaluations[selected]), evaluations[selected])
 
 
-def baseline_figures(result: "Measurement", baseline: "Measurement") -> dict[str, Any]:
-    """The speedup over the verifier alone, and whether greedy decoding gave the same text
-    with and without the drafter (it must: speculative decoding is lossless)."""
+def ngram_figures(evaluation: dict[str, Any], ngram: "Measurement",
+                  num_speculative_tokens: int) -> dict[str, Any]:
+    """n-gram (prompt lookup) drafting on the same prompts, and whether the trained drafter
+    beats it: a DFlash drafter that does not is no better than the trivial one."""
+    ngram_al = acceptance(ngram.counters, num_speculative_tokens)["mean_acceptance_length"]
+    al = evaluation["mean_acceptance_length"]
+    beats = None if al is None else al > (ngram_al or 1.0)
+    figures: dict[str, Any] = {"ngram_mean_acceptance_length": ngram_al,
+                               "ngram_output_tokens_per_s": ngram.tokens_per_s,
+                               "beats_ngram": beats}
+    if beats is False:
+        figures["warnings"] = [f"the drafter does not beat n-gram drafting: served acceptance "
+                               f"length {al:.2f} vs {ngram_al or 1.0:.2f} for prompt lookup"]
+    return figures
+
+
+def estimate_figures(evaluation: dict[str, Any], eal: float | None) -> dict[str, Any]:
+    """The trainer's estimate beside the served number: speculators' validation eal averages
+    over every anchor position, while serving drafts mostly where the last draft failed, so
+    eal overstates the served acceptance length; the ratio shows by how much."""
+    served = evaluation["mean_acceptance_length"]
+    if eal is None or served is None:
+        return {"trainer_eal_estimate": eal, "served_vs_trainer_eal": None}
+    ratio = round(served / eal, 3) if eal else None
+    figures: dict[str, Any] = {"trainer_eal_estimate": round(eal, 4), "served_vs_trainer_eal": ratio}
+    if ratio is not None and ratio < 0.8:
+        figures["warnings"] = [*evaluation.get("warnings", []),
+                               f"the trainer's estimate (eal {eal:.2f}) overstates the served "
+                               f"acceptance length ({served:.2f}) by {eal / served:.1f}x"]
+    return figures
+
+
+def baseline_figures(result: "Measurement", baseline: "Measurement",
+                     ngram: "Measurement | None" = None) -> dict[str, Any]:
+    """The speedup over the verifier alone (and n-gram drafting's), and whether greedy decoding
+    gave the same text with and without the drafter (it must: speculative decoding is
+    lossless)."""
     same = sum(a == b for a, b in zip(result.texts, baseline.texts, strict=True))
-    return {
+    figures = {
         "baseline_output_tokens_per_s": baseline.tokens_per_s,
-        "speedup": (round(result.tokens_per_s / baseline.tokens_per_s, 3)
-                    if result.tokens_per_s and baseline.tokens_per_s else None),
+        "speedup": speedup(result, baseline),
         "outputs_identical_to_baseline": f"{same}/{len(result.texts)}",
     }
+    if ngram is not None:
+        figures["ngram_speedup"] = speedup(ngram, baseline)
+    return figures
 
 
-def serve_and_measure(ctx: JobContext, drafter: str, prompts: list[list[dict[str, Any]]],
-                      max_tokens: int, speculative: bool = True
+def speedup(result: "Measurement", baseline: "Measurement") -> float | None:
+    if result.tokens_per_s and baseline.tokens_per_s:
+        return round(result.tokens_per_s / baseline.tokens_per_s, 3)
+    return None
+
+
+ENGINE_LOGS = {"dflash": "evaluation-engine.log", "ngram": "ngram-engine.log",
+               None: "baseline-engine.log"}
+ENGINE_NAMES = {"dflash": "evaluation engine", "ngram": "n-gram engine",
+                None: "baseline engine (no speculation)"}
+
+
+def serve_and_measure(ctx: JobContext, drafter: str | None, prompts: list[Prompt],
+                      max_tokens: int, method: str | None = "dflash"
                       ) -> tuple[StageCommand, "Measurement"]:
-    """Start the engine (with the drafter, or without speculation for the baseline), send the
-    prompts, stop it."""
+    """Start the engine (with the drafter, with n-gram drafting, or without speculation),
+    send the prompts, stop it."""
     assert ctx.plan is not None
-    what = "evaluation engine" if speculative else "baseline engine (no speculation)"
+    what = ENGINE_NAMES[method]
     api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
     ctx.secrets.append(api_key)
     port = free_port()
     command = evaluation_command(ctx.spec, drafter, port=port, gpus=ctx.plan.verifier_gpus,
-                                 api_key=api_key, speculative=speculative)
-    log_path = ctx.paths.root / ("evaluation-engine.log" if speculative else "baseline-engine.log")
+                                 api_key=api_key, method=method)
+    log_path = ctx.paths.root / ENGINE_LOGS[method]
     proc = ctx.start(command, log_path=log_path)
     ctx.on_cleanup(lambda: ctx.stop(proc))
     base_url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}
@@ -388,15 +530,23 @@ def serve_and_measure(ctx: JobContext, drafter: str, prompts: list[list[dict[str
 
 
 def summary(evaluation: dict[str, Any]) -> str:
-    """One line for the job's events: "mean acceptance length 2.31 over 8 prompts (...)"."""
+    """One line for the job's events, the served number first: "served mean acceptance length
+    3.41 (n-gram 1.80, no speculation 1.00) over 8 held-out prompts (...)"."""
     al, speed = evaluation["mean_acceptance_length"], evaluation["output_tokens_per_s"]
-    head = f"mean acceptance length {al:.2f}" if al is not None else "no speculative drafts were made"
+    head = (f"served mean acceptance length {al:.2f}" if al is not None
+            else "no speculative drafts were made")
+    if evaluation.get("ngram_mean_acceptance_length") is not None or "beats_ngram" in evaluation:
+        head += f" (n-gram {evaluation.get('ngram_mean_acceptance_length') or 1.0:.2f}"
+        head += ", no speculation 1.00)" if "speedup" in evaluation else ")"
     speed_text = f", {speed:.1f} output tokens/s" if speed is not None else ""
     if evaluation.get("speedup") is not None:
         speed_text += (f", {evaluation['speedup']:.2f}x the verifier alone, outputs identical "
                        f"{evaluation['outputs_identical_to_baseline']}")
-    return (f"{head} over {evaluation['prompts']} prompts (epoch {evaluation['epoch']} "
-            f"checkpoint, {evaluation['runtime']} runtime{speed_text})")
+    estimate = (f"; the trainer's estimate was eal {evaluation['trainer_eal_estimate']:.2f}"
+                if evaluation.get("trainer_eal_estimate") is not None else "")
+    warnings = "".join(f". Warning: {w}" for w in evaluation.get("warnings", []))
+    return (f"{head} over {evaluation['prompts']} held-out prompts (epoch {evaluation['epoch']} "
+            f"checkpoint, {evaluation['runtime']} runtime{speed_text}){estimate}{warnings}")
 
 
 @dataclass(frozen=True)
@@ -412,10 +562,10 @@ class Measurement:
 
 
 def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Client,
-            prompts: list[list[dict[str, Any]]], max_tokens: int, log_path: Path) -> Measurement:
-    def call(method: str, path: str, **kwargs: Any) -> httpx.Response:
+            prompts: list[Prompt], max_tokens: int, log_path: Path) -> Measurement:
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         try:
-            response = while_running(ctx, pool, lambda: client.request(method, path, **kwargs))
+            response = while_running(ctx, pool, lambda: client.request(method, path, json=body))
         except httpx.HTTPError as exc:
             ctx.check()  # the engine died: that is the error worth reporting
             raise StageFailed(f"the evaluation engine did not answer {path}: {exc}",
@@ -428,14 +578,23 @@ def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Cl
 
     before = parse_counters(call("GET", "/metrics").text)
     completion_tokens, seconds, texts = 0, 0.0, []
-    for messages in prompts:
+    for prompt in prompts:
         ctx.check()
         started = time.monotonic()
-        body = {"model": EVALUATION_MODEL, "messages": messages, "max_tokens": max_tokens,
-                "temperature": 0, "stream": False}
-        reply = call("POST", "/v1/chat/completions", json=body).json()
+        reply = call("POST", *request(prompt, max_tokens)).json()
         seconds += time.monotonic() - started
         completion_tokens += int((reply.get("usage") or {}).get("completion_tokens") or 0)
-        texts.append(((reply.get("choices") or [{}])[0].get("message") or {}).get("content") or "")
+        choice = (reply.get("choices") or [{}])[0]
+        texts.append(choice.get("text") or (choice.get("message") or {}).get("content") or "")
     after = parse_counters(call("GET", "/metrics").text)
     return Measurement(after - before, completion_tokens, seconds, texts)
+
+
+def request(prompt: Prompt, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body for one greedy completion: chat messages go to
+    ``/v1/chat/completions``, a rendered prompt's token ids to ``/v1/completions``."""
+    body: dict[str, Any] = {"model": EVALUATION_MODEL, "max_tokens": max_tokens,
+                            "temperature": 0, "stream": False}
+    if prompt and isinstance(prompt[0], int):
+        return "/v1/completions", {**body, "prompt": prompt}
+    return "/v1/chat/completions", {**body, "messages": prompt}

@@ -28,13 +28,17 @@ class JobPaths:
     data: Path
     checkpoints: Path
     log: Path
+    regenerated: Path  # the verifier's own replies (speculators regenerate-responses)
+    mirror: Path | None = None  # local copies of public presets (settings.public_datasets_mirror)
 
     @classmethod
     def for_job(cls, settings: Settings, job_id: str) -> "JobPaths":
         root = (settings.work_root / job_id).resolve()
         return cls(root=root, hidden_states=root / "hidden_states", data=root / "data",
                    checkpoints=root / "checkpoints",
-                   log=(settings.logs_root / f"{job_id}.log").resolve())
+                   log=(settings.logs_root / f"{job_id}.log").resolve(),
+                   regenerated=root / "regenerated.jsonl",
+                   mirror=settings.public_datasets_mirror)
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,36 @@ def default_gpus(spec: dict[str, Any]) -> tuple[list[int], list[int]]:
     return list(range(n_verifier)), list(range(n_verifier, n_verifier + res["trainer_gpus"]))
 
 
+def data_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job's data settings (``regenerate`` and its limits); a job created before they
+    existed was never regenerated."""
+    from app.schemas.jobs import DataSpec
+
+    data = {**DataSpec().model_dump(), "regenerate": False, **spec.get("data", {})}
+    if data["max_tokens"] is None:
+        data["max_tokens"] = max(16, spec["speculator"]["total_seq_len"] // 2)
+    return data
+
+
+def regeneration_source(spec: dict[str, Any], paths: JobPaths) -> str:
+    """What regenerate-responses reads: the uploaded JSONL (it reads OpenAI ``messages`` and
+    ShareGPT ``conversations``), or a public preset by name (speculators downloads it), or the
+    preset's local copy under the mirror directory when there is one."""
+    if spec["dataset_kind"] != "public":
+        return spec["dataset_path"]
+    preset = spec["dataset_path"]
+    if paths.mirror is not None and (paths.mirror / f"{preset}.jsonl").is_file():
+        return str((paths.mirror / f"{preset}.jsonl").resolve())
+    return preset
+
+
 def training_data(spec: dict[str, Any], paths: JobPaths) -> str:
-    """The JSONL prepare-data reads. speculators 0.9.0 reads only a ``conversations`` column, so
-    an OpenAI ``messages`` file is handed over through a copy with the key renamed."""
+    """The JSONL prepare-data reads: the regenerated rows (pre-tokenized ``input_ids`` and
+    ``loss_mask``, the verifier's exact ids), or the conversations. speculators 0.9.0 reads only
+    a ``conversations`` column, so an OpenAI ``messages`` file is handed over through a copy with
+    the key renamed."""
+    if data_settings(spec)["regenerate"]:
+        return str(paths.regenerated)
     if spec.get("dataset_format") == "messages":
         return str(paths.root / "conversations.jsonl")
     return spec["dataset_path"]
@@ -139,23 +170,96 @@ def trainer_args(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[s
     return args
 
 
+def regenerate_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[str]:
+    """speculators regenerate-responses against the verifier served without speculation:
+    every reply written anew by the verifier, with its exact prompt and completion ids. It
+    resumes from its output file (rows are appended per finished conversation)."""
+    data = data_settings(spec)
+    argv = [
+        sys.executable, "-m", "speculators", "regenerate-responses",
+        "--endpoint", f"{endpoint}/v1/chat/completions",
+        "--model", spec["verifier_info"]["reference"],
+        "--dataset", regeneration_source(spec, paths),
+        "--outfile", str(paths.regenerated),
+        "--resume",
+        "--max-tokens", str(data["max_tokens"]),
+        "--concurrency", str(data["concurrency"]),
+        "--sampling-params", json.dumps({"temperature": data["temperature"]}),
+    ]
+    if data["max_samples"] is not None:
+        argv += ["--limit", str(data["max_samples"])]
+    return argv
+
+
+REGENERATION_KEY = ""  # regenerate-responses sends no API key: the server listens on loopback
+
+
+def regeneration_commands(spec: dict[str, Any], paths: JobPaths, *, port: int | str,
+                          verifier_gpus: list[int]) -> list[StageCommand]:
+    """The regenerating_data stage: the verifier served alone (a deployment's command with 0
+    speculative tokens, named as the verifier so regenerate-responses loads its tokenizer),
+    then regenerate-responses against it."""
+    reference = spec["verifier_info"]["reference"]
+    serve_spec = {"verifier": reference, "num_speculative_tokens": 0, "runtime": spec["runtime"],
+                  "resources": {"tensor_parallel_size":
+                                spec["resources"]["verifier"]["tensor_parallel_size"]}}
+    tp = serve_spec["resources"]["tensor_parallel_size"]
+    server = build_serve(serve_spec, reference, port=port, host="127.0.0.1",
+                         gpus=verifier_gpus[:tp], api_key=REGENERATION_KEY)
+    server = replace(server, stage="regenerating_data",
+                     description=f"{server.description}, generating the verifier's own replies",
+                     env={k: v for k, v in server.env.items() if k not in SECRET_ENV})
+    client = StageCommand("regenerating_data", "speculators regenerate-responses",
+                          regenerate_argv(spec, paths, f"http://127.0.0.1:{port}"),
+                          {**cuda_env([]), "TQDM_MININTERVAL": "10"})
+    return [server, client]
+
+
 def build_plan(spec: dict[str, Any], paths: JobPaths, *, port: int | None = None,
-               gpus: tuple[list[int], list[int]] | None = None) -> Plan:
-    """The exact stages a job runs. ``port`` is fixed when the worker starts the server."""
+               gpus: tuple[list[int], list[int]] | None = None,
+               regeneration_port: int | None = None) -> Plan:
+    """The exact stages a job runs. Ports are fixed when the worker starts the servers."""
     from workers.runtimes import vllm
     from workers.runtimes.local import commands as local
 
     runtime = {"vllm": vllm, "local": local}[spec["runtime"]]
     plan = runtime.build(spec, paths, port=port, gpus=gpus)
-    if evaluation_settings(spec) is not None:  # the drafter is known once training ends
+    if data_settings(spec)["regenerate"]:
+        plan.stages[:0] = regeneration_commands(spec, paths, port=regeneration_port or "<port>",
+                                                verifier_gpus=plan.verifier_gpus)
+    evaluation = evaluation_settings(spec)
+    if evaluation is not None:  # the drafter is known once training ends
         plan.stages.append(evaluation_command(spec, "<best checkpoint>", port="<port>",
                                               gpus=plan.verifier_gpus, api_key=""))
+        for method, on in (("ngram", evaluation["ngram"]), (None, evaluation["baseline"])):
+            if on:
+                plan.stages.append(evaluation_command(spec, None, port="<port>",
+                                                      gpus=plan.verifier_gpus, api_key="",
+                                                      method=method))
     return plan
+
+
+# vLLM's prompt-lookup drafter, as the evaluation's n-gram baseline runs it (and the local
+# engine's equivalent): match the last 1-4 tokens earlier in the context, propose what followed.
+NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
+
+
+def speculative_config(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``--speculative-config`` of a serve spec, the same JSON for vLLM and the local engine:
+    ``{"method": "dflash", "model": DRAFTER, "num_speculative_tokens": N}``, ``{"method":
+    "ngram", ...}`` (prompt lookup, no drafter), or None for the verifier alone (0 tokens)."""
+    tokens = spec["num_speculative_tokens"]
+    if tokens == 0:
+        return None
+    if spec.get("method", "dflash") == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": tokens, **NGRAM_LOOKUP}
+    return {"method": "dflash", "model": spec["drafter"], "num_speculative_tokens": tokens}
 
 
 def build_serve(spec: dict[str, Any], name: str, *, port: int | str, host: str,
                 gpus: list[int] | None, api_key: str) -> StageCommand:
-    """The serving command of a deployment: the verifier with its DFlash drafter."""
+    """The serving command of a deployment: the verifier with its DFlash drafter (or, for the
+    evaluation's baselines and data regeneration, n-gram drafting or the verifier alone)."""
     from workers.runtimes import vllm
     from workers.runtimes.local import commands as local
 
@@ -167,9 +271,9 @@ def build_serve(spec: dict[str, Any], name: str, *, port: int | str, host: str,
 EVALUATION_MODEL = "specdeck-evaluation"  # the name the evaluation engine serves
 
 
-def evaluation_settings(spec: dict[str, Any]) -> dict[str, int] | None:
-    """The job's evaluation settings (prompts, max_tokens), or None when it skips it. A job
-    created before the evaluation existed gets the defaults."""
+def evaluation_settings(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's evaluation settings (prompts, max_tokens, baselines, checkpoints), or None
+    when it skips it. A job created before the evaluation existed gets the defaults."""
     from app.schemas.jobs import EvaluateSpec
 
     value = spec.get("evaluate", {})
@@ -178,29 +282,37 @@ def evaluation_settings(spec: dict[str, Any]) -> dict[str, int] | None:
     return EvaluateSpec(**value).model_dump()
 
 
-def evaluation_serve_spec(spec: dict[str, Any], drafter: str,
-                          speculative: bool = True) -> dict[str, Any]:
-    """A job's best checkpoint as a deployment of it would be specified: its verifier,
-    block_size - 1 speculative tokens (0 for the baseline: the verifier alone), the verifier's
-    tensor parallelism, the job's runtime."""
-    return {"verifier": spec["verifier_info"]["reference"], "drafter": drafter,
-            "num_speculative_tokens": spec["speculator"]["block_size"] - 1 if speculative else 0,
+def evaluation_serve_spec(spec: dict[str, Any], drafter: str | None,
+                          method: str | None = "dflash") -> dict[str, Any]:
+    """A job's checkpoint as a deployment of it would be specified: its verifier, block_size - 1
+    speculative tokens, the verifier's tensor parallelism, the job's runtime. ``method``
+    "ngram" drafts by prompt lookup instead (the same number of tokens), None serves the
+    verifier alone: the evaluation's baselines."""
+    return {"verifier": spec["verifier_info"]["reference"],
+            "drafter": drafter if method == "dflash" else None, "method": method or "dflash",
+            "num_speculative_tokens": spec["speculator"]["block_size"] - 1 if method else 0,
             "runtime": spec["runtime"],
             "resources": {"tensor_parallel_size":
                           spec["resources"]["verifier"]["tensor_parallel_size"]}}
 
 
-def evaluation_command(spec: dict[str, Any], drafter: str, *, port: int | str,
-                       gpus: list[int], api_key: str, speculative: bool = True) -> StageCommand:
+EVALUATION_ENGINES = {"dflash": "evaluating the trained drafter",
+                      "ngram": "the n-gram (prompt lookup) baseline",
+                      None: "the no-speculation baseline"}
+
+
+def evaluation_command(spec: dict[str, Any], drafter: str | None, *, port: int | str,
+                       gpus: list[int], api_key: str, method: str | None = "dflash"
+                       ) -> StageCommand:
     """The evaluating stage's engine: exactly a deployment's serving command (``build_serve``)
-    for ``drafter``, on the first tensor-parallel-size of the verifier's GPUs; with
-    ``speculative=False``, the same server with speculative decoding off (the baseline)."""
-    serve_spec = evaluation_serve_spec(spec, drafter, speculative)
+    for ``drafter``, on the first tensor-parallel-size of the verifier's GPUs; or the same
+    server with n-gram drafting, or with speculative decoding off (the baselines)."""
+    serve_spec = evaluation_serve_spec(spec, drafter, method)
     tp = serve_spec["resources"]["tensor_parallel_size"]
     command = build_serve(serve_spec, EVALUATION_MODEL, port=port, host="127.0.0.1",
                           gpus=gpus[:tp], api_key=api_key)
-    what = "evaluating the best checkpoint" if speculative else "the no-speculation baseline"
-    return replace(command, stage="evaluating", description=f"{command.description}, {what}")
+    return replace(command, stage="evaluating",
+                   description=f"{command.description}, {EVALUATION_ENGINES[method]}")
 
 
 def spec_summary(spec: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from workers.runtimes import (
     generate_offline_argv,
     prepare_data_argv,
     server_layer_ids,
+    speculative_config,
     trainer_args,
 )
 
@@ -75,14 +76,13 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
 
 def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
                   gpus: list[int], api_key: str) -> StageCommand:
-    """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4);
-    with 0 speculative tokens, plain `vllm serve VERIFIER` (the evaluation's baseline)."""
-    speculative_config = {"method": "dflash", "model": spec["drafter"],
-                          "num_speculative_tokens": spec["num_speculative_tokens"]}
-    speculative = spec["num_speculative_tokens"] > 0
+    """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4),
+    `{"method": "ngram", ...}` for prompt lookup, or plain `vllm serve VERIFIER` with 0
+    speculative tokens (the evaluation's baseline, data regeneration)."""
+    config = speculative_config(spec)
     argv = [
         "vllm", "serve", spec["verifier"],
-        *(["--speculative-config", json.dumps(speculative_config)] if speculative else []),
+        *(["--speculative-config", json.dumps(config)] if config else []),
         "--served-model-name", name,
         "--host", host,
         "--port", str(port),
@@ -90,6 +90,7 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
         "--attention-backend", "flash_attn",
         "--max-num-batched-tokens", "32768",
     ]
-    return StageCommand("serving", "vLLM with the DFlash drafter" if speculative
-                        else "vLLM without speculative decoding", argv,
+    what = {None: "vLLM without speculative decoding", "dflash": "vLLM with the DFlash drafter",
+            "ngram": "vLLM with n-gram (prompt lookup) drafting"}[config and config["method"]]
+    return StageCommand("serving", what, argv,
                         {**cuda_env(gpus), UPSTREAM_KEY_ENV["vllm"]: api_key}, gpus)

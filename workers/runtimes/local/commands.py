@@ -3,6 +3,7 @@ the CPU, under torchrun with gloo when more than one process is asked for."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -15,6 +16,7 @@ from workers.runtimes import (
     generate_offline_argv,
     prepare_data_argv,
     server_layer_ids,
+    speculative_config,
     trainer_args,
 )
 
@@ -67,19 +69,21 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
 
 def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
                   gpus: list[int], api_key: str) -> StageCommand:
-    """SpecDeck's CPU engine: the verifier with the DFlash drafter, greedy and lossless."""
+    """SpecDeck's CPU engine, greedy and lossless, with vLLM's ``--speculative-config``: the
+    verifier with the DFlash drafter, with n-gram drafting, or alone."""
     key_env = UPSTREAM_KEY_ENV["local"]
+    config = speculative_config(spec)
     argv = [
         sys.executable, "-m", "workers.runtimes.local.engine",
         "--verifier", spec["verifier"],
-        "--drafter", spec["drafter"],
+        *(["--speculative-config", json.dumps(config)] if config else []),
         "--served-model-name", name,
-        "--num-speculative-tokens", str(spec["num_speculative_tokens"]),
         "--host", host,
         "--port", str(port),
         "--api-key-env", key_env,
     ]
-    what = ("local DFlash engine (CPU)" if spec["num_speculative_tokens"] > 0
-            else "local engine without speculative decoding (CPU)")
-    return StageCommand("serving", what, argv,
-                        {**cuda_env([]), key_env: api_key})
+    what = {None: "local engine without speculative decoding (CPU)",
+            "dflash": "local DFlash engine (CPU)",
+            "ngram": "local engine with n-gram (prompt lookup) drafting (CPU)"}[
+        config and config["method"]]
+    return StageCommand("serving", what, argv, {**cuda_env([]), key_env: api_key})
