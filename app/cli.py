@@ -19,7 +19,8 @@ MIGRATE_COMMAND = ["specdeck", "db", "upgrade"]
 DEMO_MODEL, DEMO_DATA = "demo", "demo.jsonl"
 # The job the README shows: the demo verifier on the CPU, sized for a laptop (dflash-facts.md §3).
 DEMO_JOB = {"verifier": DEMO_MODEL, "dataset": "<demo dataset id>", "runtime": "local",
-            "speculator": {"block_size": 8, "max_anchors": 32, "total_seq_len": 512, "epochs": 2}}
+            "speculator": {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512,
+                           "epochs": 6, "lr": 0.003}}
 
 
 def migrate(database_url: str | None = None) -> None:

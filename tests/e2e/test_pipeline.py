@@ -15,14 +15,15 @@ import pytest
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
 from tests.integration.test_dispatch import wait_for
+from workers.runtimes.local.demo import DEMO_NUM_LAYERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REAL_PIPELINE = {"SPECDECK_PIPELINE": "workers.pipeline:PIPELINE",
                  # the verifier server and trainer take seconds to start on 2 cores
                  "SPECDECK_LEASE_SECONDS": "15", "SPECDECK_HEARTBEAT_SECONDS": "1"}
-# CPU-sized DFlash settings (dflash-facts.md section 3).
-CPU_SPECULATOR = {"block_size": 8, "max_anchors": 32, "total_seq_len": 512}
+# CPU-sized DFlash settings (dflash-facts.md section 3), with the demo job's shallow drafter.
+CPU_SPECULATOR = {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512}
 
 
 def submit(api: Api, demo: dict[str, str], epochs: int) -> dict:
@@ -47,7 +48,7 @@ def test_demo_job_trains_a_dflash_drafter(pg_api: Api, pg_stack: Stack, demo) ->
     done = pg_api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=600)
     assert done["status"] == "succeeded", (done, pg_api.get(f"/api/jobs/{job['id']}/logs").text)
     layer_ids = done["speculator"]["target_layer_ids"]
-    assert layer_ids == [2, 4, 5]
+    assert layer_ids == [2, DEMO_NUM_LAYERS // 2, DEMO_NUM_LAYERS - 3]
 
     checkpoints = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
     assert [c["epoch"] for c in checkpoints] == [0, 1]

@@ -16,11 +16,12 @@ from tests.local_runtime.procs import (
     run_logged,
     wait_until_ready,
 )
+from workers.runtimes.local.demo import DEMO_NUM_LAYERS
 
-# The demo verifier has 8 layers: the trainer's default ids are [2, n // 2, n - 3] and
-# the server also gets n.
-NUM_LAYERS = 8
-TRAINER_LAYER_IDS = [2, 4, 5]
+# The trainer's default ids for the demo verifier's n layers are [2, n // 2, n - 3], and the
+# server also gets n.
+NUM_LAYERS = DEMO_NUM_LAYERS
+TRAINER_LAYER_IDS = [2, NUM_LAYERS // 2, NUM_LAYERS - 3]
 SERVER_LAYER_IDS = [*TRAINER_LAYER_IDS, NUM_LAYERS]
 
 

@@ -11,7 +11,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.local_runtime.conftest import NUM_LAYERS
-from workers.runtimes.local.demo import create_demo_model, write_demo_data
+from workers.runtimes.local.demo import (
+    _PLACE_SENTENCES,
+    _TOPIC_PASSAGES,
+    DEMO_NUM_LAYERS,
+    create_demo_model,
+    demo_prompts,
+    write_demo_data,
+)
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -20,19 +27,26 @@ MESSAGES = [
 ]
 
 
-def test_demo_model_is_deterministic_and_idempotent(demo_model: Path, tmp_path: Path) -> None:
-    again = create_demo_model(tmp_path / "copy", num_layers=NUM_LAYERS)
+def test_demo_model_is_deterministic_and_idempotent(tmp_path: Path) -> None:
+    short = {"num_layers": 2, "train_steps": 3}  # the same code path as the demo's, shorter
+    first = create_demo_model(tmp_path / "first", **short)
+    again = create_demo_model(tmp_path / "copy", **short)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
-        assert (again / name).read_bytes() == (demo_model / name).read_bytes(), name
+        assert (again / name).read_bytes() == (first / name).read_bytes(), name
 
     mtime = (again / "model.safetensors").stat().st_mtime_ns
-    assert create_demo_model(again, num_layers=NUM_LAYERS) == again
+    assert create_demo_model(again, **short) == again
     assert (again / "model.safetensors").stat().st_mtime_ns == mtime
+    with pytest.raises(FileExistsError):  # the same directory, other parameters
+        create_demo_model(again, num_layers=2, train_steps=4)
 
-    other = create_demo_model(tmp_path / "other_seed", num_layers=NUM_LAYERS, seed=1)
-    a = load_file(demo_model / "model.safetensors")
-    b = load_file(other / "model.safetensors")
-    assert not torch.equal(a["model.embed_tokens.weight"], b["model.embed_tokens.weight"])
+    untrained = create_demo_model(tmp_path / "untrained", num_layers=2, train_steps=0)
+    other = create_demo_model(tmp_path / "other_seed", **short, seed=1)
+    a = load_file(first / "model.safetensors")
+    for different in (untrained, other):
+        b = load_file(different / "model.safetensors")
+        assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"],
+                               b["model.layers.0.mlp.up_proj.weight"])
 
 
 def test_demo_model_refuses_a_foreign_directory(tmp_path: Path) -> None:
@@ -46,7 +60,7 @@ def test_demo_model_loads_back(demo_model: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(demo_model)
     config = model.config
     assert config.model_type == "qwen3"
-    assert config.num_hidden_layers == NUM_LAYERS
+    assert config.num_hidden_layers == NUM_LAYERS == DEMO_NUM_LAYERS
     assert config.hidden_size == 128
     assert 1000 <= len(tokenizer) < config.vocab_size <= 2048  # spare rows for <|MASK|>
     assert config.tie_word_embeddings is False
@@ -118,3 +132,57 @@ def test_demo_data_is_sharegpt_on_policy(demo_model: Path, demo_data: Path, tmp_
         out = model.generate(ids, max_new_tokens=8, do_sample=False)
     expected_start = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert first[-1]["value"].startswith(expected_start)
+
+
+def greedy(model, tokenizer, messages: list[dict[str, str]], max_new_tokens: int) -> list[int]:
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_the_demo_verifier_answers_held_out_questions_in_structure(demo_model: Path) -> None:
+    """Trained, it answers with the topic's passage and the place's sentence, in prompts that
+    are not in the demo dataset; its text does not loop (so prompt lookup gains little)."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_model)
+    model = AutoModelForCausalLM.from_pretrained(demo_model).eval()
+    prompts = demo_prompts(12)
+    structured = 0
+    for messages in prompts:
+        question = messages[-1]["content"]
+        [topic] = [t for t in _TOPIC_PASSAGES if t in question]
+        [place] = [p for p in _PLACE_SENTENCES if p in question]
+        ids = greedy(model, tokenizer, messages, 64)
+        assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")  # it ends its turn
+        answer = tokenizer.decode(ids, skip_special_tokens=True)
+        structured += answer.startswith(_TOPIC_PASSAGES[topic]) and _PLACE_SENTENCES[place] in answer
+        repeats = sum(a == b for a, b in zip(ids, ids[1:]))
+        assert len(set(ids)) > 0.6 * len(ids) and repeats <= 1, answer
+    assert structured >= 10, structured
+
+
+def test_demo_prompts_are_held_out_from_the_demo_data(demo_data: Path) -> None:
+    rows = [json.loads(line)["conversations"] for line in demo_data.read_text().splitlines()]
+    in_data = {tuple(t["value"] for t in turns[:-1]) for turns in rows}
+    held_out = {tuple(m["content"] for m in messages) for messages in demo_prompts(16)}
+    assert len(held_out) == 16 and not held_out & in_data
+
+
+def test_demo_data_replies_are_the_verifiers_exact_ids(demo_model: Path, demo_data: Path) -> None:
+    """Re-rendering a reply through the chat template gives exactly the ids the verifier
+    generated: prepare-data supervises the verifier's own tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_model)
+    model = AutoModelForCausalLM.from_pretrained(demo_model).eval()
+    rows = [json.loads(line)["conversations"] for line in demo_data.read_text().splitlines()]
+    assert len(rows) >= 0.95 * 240  # replies that would not re-tokenize exactly are dropped
+    roles = {"human": "user", "system": "system", "gpt": "assistant"}
+    for turns in rows[:6]:
+        messages = [{"role": roles[t["from"]], "content": t["value"]} for t in turns]
+        prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False,
+                                               add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        full_ids = tokenizer.encode(full, add_special_tokens=False)
+        supervised = full_ids[len(prompt_ids):-1]  # the reply and <|im_end|>, without the "\n"
+        assert greedy(model, tokenizer, messages[:-1], 64)[: len(supervised)] == supervised

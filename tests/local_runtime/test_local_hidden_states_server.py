@@ -222,8 +222,9 @@ def test_one_log_line_per_request(server: Server) -> None:
 
 
 def test_bfloat16_extraction_in_process(demo_model: Path, tmp_path: Path) -> None:
-    extractor = HiddenStatesExtractor(demo_model, [8, 0, 4], tmp_path / "hs", dtype=torch.bfloat16)
-    assert extractor.layer_ids == [0, 4, 8]  # stacked in ascending id order
+    extractor = HiddenStatesExtractor(demo_model, [NUM_LAYERS, 0, 4], tmp_path / "hs",
+                                      dtype=torch.bfloat16)
+    assert extractor.layer_ids == [0, 4, NUM_LAYERS]  # stacked in ascending id order
     ids = [5, 6, 7, 8, 9]
     hidden, _next_token = extractor.extract(ids)
     path = extractor.write(ids, hidden)

@@ -576,6 +576,9 @@ def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Cl
                               code="evaluation_failed", log_tail=tail(log_path))
         return response
 
+    # One request first, not counted: a fresh engine's first request pays one-time costs (lazy
+    # allocations, first use of its kernels and caches) that are not its serving speed.
+    call("POST", *request(prompts[0], max_tokens))
     before = parse_counters(call("GET", "/metrics").text)
     completion_tokens, seconds, texts = 0, 0.0, []
     for prompt in prompts:

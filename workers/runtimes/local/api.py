@@ -38,17 +38,21 @@ from prometheus_client import (
     generate_latest,
 )
 from pydantic import BaseModel, ConfigDict
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workers.runtimes.local.server import RequestError, error_response, install_error_handlers
+from workers.runtimes.local.server import (
+    ComputeThread,
+    RequestError,
+    error_response,
+    install_error_handlers,
+)
 from workers.runtimes.local.speculation import DecodeStep, Generation, LocalEngine
 
 __all__ = ["IncrementalDetokenizer", "SpecDecodeMetrics", "build_app"]
 
 logger = logging.getLogger("specdeck.local.engine")
 
-# A non-streamed request runs its steps in the worker thread for up to this long before coming
+# A non-streamed request runs its steps on the compute thread for up to this long before coming
 # back to the event loop to see whether the client is still there: one thread hop per slice,
 # not per step.
 STEP_SLICE_S = 0.05
@@ -223,14 +227,17 @@ def _run_slice(generation: Generation, metrics: SpecDecodeMetrics, seconds: floa
 
 
 def build_app(
-    engine: LocalEngine, served_model_name: str, *, api_key: str | None = None
+    engine: LocalEngine, served_model_name: str, *, api_key: str | None = None,
+    compute: ComputeThread | None = None,
 ) -> FastAPI:
-    """The HTTP API around ``engine``. With ``api_key``, ``/v1/*`` needs that bearer token."""
+    """The HTTP API around ``engine``. With ``api_key``, ``/v1/*`` needs that bearer token.
+    ``compute`` is the thread that loaded the engine (a new one if not given)."""
     app = FastAPI(title="SpecDeck local engine")
     created = int(time.time())
     metrics = SpecDecodeMetrics(served_model_name, engine.num_speculative_tokens)
     app.state.metrics = metrics
     busy = asyncio.Lock()  # one request at a time: it is a CPU engine
+    compute = compute or ComputeThread()  # every prefill and step, on one thread
 
     app.add_middleware(_AuthAndLog, api_key=api_key)
 
@@ -360,17 +367,21 @@ def build_app(
             job.max_tokens,
         )
 
+    def start(job: _Job) -> Generation:
+        """The prefill (on the compute thread)."""
+        return engine.start(job.prompt_ids, job.max_tokens, ignore_eos=job.ignore_eos)
+
     async def run_to_end(job: _Job, request: Request) -> Generation | None:
         """The whole generation (None when the client left first)."""
         async with busy:
             started = time.perf_counter()
             metrics.prompt_tokens.inc(len(job.prompt_ids))
-            generation = engine.start(job.prompt_ids, job.max_tokens, ignore_eos=job.ignore_eos)
+            generation = await compute.run(start, job)
             while not generation.finished:
                 if await request.is_disconnected():
                     abandoned(job, generation)
                     return None
-                await run_in_threadpool(_run_slice, generation, metrics, STEP_SLICE_S)
+                await compute.run(_run_slice, generation, metrics, STEP_SLICE_S)
             finish(job, generation, time.perf_counter() - started)
         return generation
 
@@ -468,7 +479,7 @@ def build_app(
         async with busy:
             started = time.perf_counter()
             metrics.prompt_tokens.inc(len(job.prompt_ids))
-            generation = engine.start(job.prompt_ids, job.max_tokens, ignore_eos=job.ignore_eos)
+            generation = await compute.run(start, job)
             detokenizer = IncrementalDetokenizer(engine.tokenizer)
             pending: list[int] = []  # ids whose text is held back (incomplete UTF-8)
             try:
@@ -478,7 +489,7 @@ def build_app(
                     # check covers servers that only report it through receive().
                     if await request.is_disconnected():
                         return
-                    step = await run_in_threadpool(generation.step)
+                    step = await compute.run(generation.step)
                     metrics.observe(step)
                     pending.extend(step.token_ids)
                     text = detokenizer.add(step.token_ids, final=generation.finished)

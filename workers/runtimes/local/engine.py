@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from workers.runtimes.local.api import IncrementalDetokenizer, SpecDecodeMetrics, build_app
 from workers.runtimes.local.model_runner import resolve_drafter_dir
-from workers.runtimes.local.server import add_server_options, serve, set_up
+from workers.runtimes.local.server import ComputeThread, add_server_options, serve, set_up
 from workers.runtimes.local.speculation import (
     DecodeStep,
     DFlashEngine,
@@ -113,8 +113,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         api_key = os.environ.get(args.api_key_env) or None
         if api_key is None:
             logger.warning("%s is not set: the API is open to every client", args.api_key_env)
+    compute = ComputeThread()  # loads the engine and runs every request's steps
     try:
-        engine = LocalEngine(args.verifier, args.speculative_config, dtype=dtype)
+        engine = compute.call(LocalEngine, args.verifier, args.speculative_config, dtype=dtype)
     except SpeculativeConfigError as e:  # e.g. a drafter that is not there or does not fit
         raise SystemExit(f"error: --speculative-config: {e}") from e
     served_name = args.served_model_name or args.verifier
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         str(engine.runner.dtype).removeprefix("torch."),
         "required" if api_key else "off",
     )
-    app = build_app(engine, served_name, api_key=api_key)
+    app = build_app(engine, served_name, api_key=api_key, compute=compute)
     serve(app, args)
 
 

@@ -49,6 +49,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from workers.runtimes.local.server import (
+    ComputeThread,
     RequestError,
     add_server_options,
     install_error_handlers,
@@ -253,10 +254,17 @@ def _truncate(token_ids: list[int], limit: int | None, side: str | None) -> list
     return token_ids[:limit] if side == "right" else token_ids[-limit:]
 
 
-def build_app(extractor: HiddenStatesExtractor, served_model_name: str) -> FastAPI:
-    """The HTTP API around ``extractor``; ``served_model_name`` is the id clients use."""
+def build_app(extractor: HiddenStatesExtractor, served_model_name: str,
+              compute: ComputeThread | None = None) -> FastAPI:
+    """The HTTP API around ``extractor``; ``served_model_name`` is the id clients use;
+    ``compute`` is the thread that loaded it (a new one if not given)."""
     app = FastAPI(title="SpecDeck local hidden-states server")
     created = int(time.time())
+    compute = compute or ComputeThread()  # every extraction, on one thread
+
+    def extract_and_write(prompt_ids: list[int]) -> tuple[Path, int]:
+        hidden_states, next_token = extractor.extract(prompt_ids)
+        return extractor.write(prompt_ids, hidden_states), next_token
 
     @app.middleware("http")
     async def log_request(
@@ -304,7 +312,7 @@ def build_app(extractor: HiddenStatesExtractor, served_model_name: str) -> FastA
         }
 
     @app.post("/v1/completions")
-    def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
+    async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
         check_model(body.model)
         if body.stream:
             raise RequestError(
@@ -321,8 +329,7 @@ def build_app(extractor: HiddenStatesExtractor, served_model_name: str) -> FastA
             prompt_ids = list(body.prompt)
         prompt_ids = extractor.validate_token_ids(prompt_ids)
 
-        hidden_states, next_token = extractor.extract(prompt_ids)
-        path = extractor.write(prompt_ids, hidden_states)
+        path, next_token = await compute.run(extract_and_write, prompt_ids)
         request.state.detail = f" tokens={len(prompt_ids)} file={path.name}"
 
         choice: dict[str, Any] = {
@@ -395,8 +402,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     dtype = set_up(args)
-    extractor = HiddenStatesExtractor(
-        args.model, args.layer_ids, args.hidden_states_dir, dtype=dtype
+    compute = ComputeThread()  # loads the model and runs every extraction
+    extractor = compute.call(
+        HiddenStatesExtractor, args.model, args.layer_ids, args.hidden_states_dir, dtype=dtype
     )
     served_name = args.served_model_name or args.model
     logger.info(
@@ -409,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         extractor.layer_ids,
         extractor.hidden_states_dir,
     )
-    app = build_app(extractor, served_name)
+    app = build_app(extractor, served_name, compute=compute)
     serve(app, args)
 
 
