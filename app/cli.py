@@ -128,10 +128,10 @@ def ensure_demo() -> tuple[str, str]:
     settings = get_settings()
     model, data = settings.models_root / DEMO_MODEL, settings.data_root / DEMO_DATA
     if not (model / "config.json").is_file():
-        print(f"creating the demo verifier at {model} (once) ...", flush=True)
+        print(f"training the demo verifier at {model} (once, about a minute) ...", flush=True)
     create_demo_model(model)  # idempotent: returns an existing valid model as is
     if not data.is_file():
-        print(f"writing the demo conversations to {data} (once, about a minute) ...", flush=True)
+        print(f"writing the demo conversations to {data} (once) ...", flush=True)
         write_demo_data(model, data)
     return DEMO_MODEL, DEMO_DATA
 
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-demo", action="store_true", help="skip the demo verifier and data")
     run.set_defaults(func=cmd_run)
 
-    demo_model = sub.add_parser("demo-model", help="create a tiny random-weight Qwen3 verifier")
+    demo_model = sub.add_parser("demo-model", help="create the tiny demo verifier (trained locally, about a minute)")
     demo_model.add_argument("path")
     demo_model.set_defaults(func=cmd_demo_model)
 

@@ -534,7 +534,7 @@ def test_engine_stops_inside_an_accepted_block(
     assert generation.output_ids == expected
     assert generation.finish_reason == "stop"
     generation, _ = engine.generate(ref.prompt_ids, MAX_TOKENS, ignore_eos=True)
-    assert generation.output_ids == ref.output_ids
+    assert generation.output_ids == _greedy(verifier, ref.prompt_ids, MAX_TOKENS, eos_token_id=None)
     assert generation.finish_reason == "length"
 
 

@@ -236,7 +236,7 @@ def test_bfloat16_extraction_in_process(demo_model: Path, tmp_path: Path) -> Non
     torch.testing.assert_close(tensors["hidden_states"][:, 0], embeddings.detach())
 
 
-@pytest.mark.parametrize("layer_ids", [[2, 2], [9], [-1], []])
+@pytest.mark.parametrize("layer_ids", [[2, 2], [NUM_LAYERS + 1], [-1], []])
 def test_invalid_layer_ids_are_refused(
     demo_model: Path, tmp_path: Path, layer_ids: list[int]
 ) -> None:

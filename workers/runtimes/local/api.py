@@ -45,6 +45,7 @@ from workers.runtimes.local.server import (
     RequestError,
     error_response,
     install_error_handlers,
+    model_list,
 )
 from workers.runtimes.local.speculation import DecodeStep, Generation, LocalEngine
 
@@ -253,20 +254,7 @@ def build_app(
 
     @app.get("/v1/models")
     def list_models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": served_model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "specdeck-local",
-                    "root": engine.verifier_path,
-                    "parent": None,
-                    "max_model_len": engine.max_model_len,
-                }
-            ],
-        }
+        return model_list(served_model_name, created, engine.verifier_path, engine.max_model_len)
 
     def check_sampling(body: _Sampling) -> None:
         if body.model is not None and body.model != served_model_name:

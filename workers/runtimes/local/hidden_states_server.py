@@ -53,6 +53,7 @@ from workers.runtimes.local.server import (
     RequestError,
     add_server_options,
     install_error_handlers,
+    model_list,
     serve,
     set_up,
 )
@@ -296,20 +297,7 @@ def build_app(extractor: HiddenStatesExtractor, served_model_name: str,
 
     @app.get("/v1/models")
     def list_models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": served_model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "specdeck-local",
-                    "root": extractor.model_path,
-                    "parent": None,
-                    "max_model_len": extractor.max_model_len,
-                }
-            ],
-        }
+        return model_list(served_model_name, created, extractor.model_path, extractor.max_model_len)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:

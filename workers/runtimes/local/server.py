@@ -51,6 +51,15 @@ class ComputeThread:
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
 
+def model_list(served_model_name: str, created: int, root: str, max_model_len: int
+               ) -> dict[str, Any]:
+    """vLLM's ``GET /v1/models`` body: the one served model."""
+    return {"object": "list", "data": [{
+        "id": served_model_name, "object": "model", "created": created,
+        "owned_by": "specdeck-local", "root": root, "parent": None,
+        "max_model_len": max_model_len}]}
+
+
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}
 
 
