@@ -132,7 +132,9 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
     config = json.loads(ngram["data"]["argv"][ngram["data"]["argv"].index("--speculative-config") + 1])
     assert config["method"] == "ngram"
     assert engine["data"]["env"]["SPECDECK_UPSTREAM_KEY"] == "***"  # the key is redacted
-    assert best["path"] in engine["data"]["argv"]  # the best checkpoint is the drafter
+    argv = engine["data"]["argv"]
+    served = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert served["method"] == "dflash" and served["model"] == best["path"]  # the best checkpoint
     recorded = {m["name"]: m["value"] for m in metrics if m["name"].startswith("eval/")}
     assert recorded["eval/mean_acceptance_length"] == al
     assert [recorded[f"eval/acceptance_rate_pos_{i}"] for i in range(len(rates))] == rates

@@ -121,7 +121,9 @@ def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack,
                 - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
     assert drafts > 0
     assert 1 + accepted / drafts > 1.0, (accepted, drafts)
-    assert pg_stack.scalar("SELECT sum(completion_tokens) FROM usage") > 0
+    # Usage is written in batches (SPECDECK_GATEWAY_USAGE_FLUSH_SECONDS): wait for the flush.
+    wait_for(lambda: (pg_stack.scalar("SELECT sum(completion_tokens) FROM usage") or 0) > 0, 10,
+             "the usage rows")
 
     # A crash: the engine dies, the worker restarts it with backoff, and it serves again.
     for pid in job_processes(deployment["id"]):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import server_layer_ids
+from workers.runtimes import JobPaths, data_settings, server_layer_ids
 
 BYTES_PER_TOKEN_OF_TEXT = 4  # a rough tokenizer ratio, to size hidden states before data prep
 GIB = 2**30
@@ -19,9 +19,15 @@ def verifier_params(info: dict[str, Any]) -> int:
     return 2 * vocab * h + 12 * h * h * layers
 
 
-def estimates(spec: dict[str, Any]) -> dict[str, float]:
+def source_data(spec: dict[str, Any], paths: JobPaths) -> Path:
+    """The file the job's data comes from: the verifier's regenerated rows when it regenerates
+    (a public preset's ``dataset_path`` is only the preset's name), else the upload."""
+    return paths.regenerated if data_settings(spec)["regenerate"] else Path(spec["dataset_path"])
+
+
+def estimates(spec: dict[str, Any], data: Path) -> dict[str, float]:
     info, sp = spec["verifier_info"], spec["speculator"]
-    dataset_bytes = Path(spec["dataset_path"]).stat().st_size if Path(spec["dataset_path"]).exists() else 0
+    dataset_bytes = data.stat().st_size if data.exists() else 0
     tokens = dataset_bytes / BYTES_PER_TOKEN_OF_TEXT
     value_bytes = 2 if spec["runtime"] == "vllm" else 4
     per_token = len(server_layer_ids(spec)) * info["hidden_size"] * value_bytes
@@ -41,9 +47,10 @@ def estimates(spec: dict[str, Any]) -> dict[str, float]:
 
 def preflight(ctx: JobContext) -> None:
     spec = ctx.spec
-    if not Path(spec["dataset_path"]).is_file():
-        raise StageFailed(f"dataset file {spec['dataset_path']} is gone", code="data_error")
-    figures = estimates(spec)
+    data = source_data(spec, ctx.paths)
+    if not data.is_file():
+        raise StageFailed(f"dataset file {data} is gone", code="data_error")
+    figures = estimates(spec, data)
     ctx.paths.root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(ctx.paths.root).free / GIB
     ctx.event("preflight", "resources estimated", {**{k: round(v, 3) for k, v in figures.items()},

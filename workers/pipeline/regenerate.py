@@ -127,11 +127,12 @@ def regenerate(ctx: JobContext) -> None:
     total = conversations_total(source, settings["max_samples"])
     out.parent.mkdir(parents=True, exist_ok=True)
     drop_partial_line(out)
+    done = conversations_done(out)  # by an earlier attempt of this job
 
     port = free_port()
     verifier_gpus = list((ctx.spec.get("allocation") or {}).get("verifier", []))
     server_command, client_command = regeneration_commands(ctx.spec, ctx.paths, port=port,
-                                                           verifier_gpus=verifier_gpus)
+                                                           verifier_gpus=verifier_gpus, done=done)
     log_path = ctx.paths.root / "regeneration-server.log"
     server = ctx.start(server_command, log_path=log_path)
     ctx.on_cleanup(lambda: ctx.stop(server))

@@ -170,10 +170,12 @@ def trainer_args(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[s
     return args
 
 
-def regenerate_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[str]:
+def regenerate_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str, done: int = 0
+                    ) -> list[str]:
     """speculators regenerate-responses against the verifier served without speculation:
     every reply written anew by the verifier, with its exact prompt and completion ids. It
-    resumes from its output file (rows are appended per finished conversation)."""
+    resumes from its output file (rows are appended per finished conversation); its --limit
+    counts only the conversations of this run, so a resume asks for those not ``done`` yet."""
     data = data_settings(spec)
     argv = [
         sys.executable, "-m", "speculators", "regenerate-responses",
@@ -187,7 +189,7 @@ def regenerate_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> lis
         "--sampling-params", json.dumps({"temperature": data["temperature"]}),
     ]
     if data["max_samples"] is not None:
-        argv += ["--limit", str(data["max_samples"])]
+        argv += ["--limit", str(max(0, data["max_samples"] - done))]
     return argv
 
 
@@ -195,7 +197,7 @@ REGENERATION_KEY = ""  # regenerate-responses sends no API key: the server liste
 
 
 def regeneration_commands(spec: dict[str, Any], paths: JobPaths, *, port: int | str,
-                          verifier_gpus: list[int]) -> list[StageCommand]:
+                          verifier_gpus: list[int], done: int = 0) -> list[StageCommand]:
     """The regenerating_data stage: the verifier served alone (a deployment's command with 0
     speculative tokens, named as the verifier so regenerate-responses loads its tokenizer),
     then regenerate-responses against it."""
@@ -210,7 +212,7 @@ def regeneration_commands(spec: dict[str, Any], paths: JobPaths, *, port: int | 
                      description=f"{server.description}, generating the verifier's own replies",
                      env={k: v for k, v in server.env.items() if k not in SECRET_ENV})
     client = StageCommand("regenerating_data", "speculators regenerate-responses",
-                          regenerate_argv(spec, paths, f"http://127.0.0.1:{port}"),
+                          regenerate_argv(spec, paths, f"http://127.0.0.1:{port}", done),
                           {**cuda_env([]), "TQDM_MININTERVAL": "10"})
     return [server, client]
 
