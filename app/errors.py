@@ -66,7 +66,11 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 def _param(loc: tuple[Any, ...] | list[Any]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    """The field's dotted path, without the location in front ("body", "query", ...): a field
+    may itself be named "path" or "query"."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
     return ".".join(parts) or None
 
 

@@ -8,11 +8,12 @@ from app.api import checkpoints, datasets, deployments, jobs, openai, secrets, s
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, PrometheusMetrics
 from app.services.datasets import max_upload_body_bytes
-from app.settings import get_settings
+from app.settings import get_settings, warn_if_default_secret_key
 
 
 def create_app() -> FastAPI:
     settings = get_settings()
+    warn_if_default_secret_key(settings)
     app = FastAPI(title="SpecDeck", version="0.1.0",
                   description="Train and serve DFlash speculative-decoding drafters.")
     install_error_handlers(app)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -112,6 +113,19 @@ class Settings(BaseSettings):
     def worker_queue(self) -> str:
         """Each worker consumes its own queue: the scheduler routes a job to where it placed it."""
         return f"{self.queue}.{self.worker_name}"
+
+
+def warn_if_default_secret_key(settings: Settings) -> bool:
+    """In development the secret key may be left unset, and secrets are then encrypted with a
+    key anyone can read in this file: say so at start-up. True when it warned."""
+    if settings.secret_key != DEFAULT_SECRET_KEY:
+        return False
+    logging.getLogger("specdeck").warning(
+        "SPECDECK_SECRET_KEY is not set: secrets (HF_TOKEN ...) are encrypted with the built-in "
+        "development key, which anyone can read in SpecDeck's source. Set SPECDECK_SECRET_KEY "
+        "(openssl rand -hex 32) before storing a real token; SPECDECK_ENV=production refuses "
+        "to start without one.")
+    return True
 
 
 @lru_cache

@@ -16,7 +16,7 @@ from starlette.datastructures import UploadFile
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.errors import APIError
-from app.schemas.common import Page
+from app.schemas.common import NO_NUL, Page, nul_in
 from app.schemas.datasets import NAME_MAX, PUBLIC_DATASETS, DatasetOut, PublicDatasetCreate
 from app.services import datasets as service
 
@@ -100,6 +100,8 @@ def _upload_fields(items: list[tuple[str, UploadFile | str]]) -> tuple[UploadFil
             if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX:
                 raise APIError(422, f"name must be 1-{NAME_MAX} characters", code="invalid_value",
                                param="name")
+            if nul_in(value):
+                raise APIError(422, f"name {NO_NUL}", code="invalid_value", param="name")
             name = value
         else:
             raise APIError(422, f"Unknown field '{field}'", code="unknown_field", param=field)

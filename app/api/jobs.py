@@ -20,6 +20,7 @@ router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 
 JOB_ID = r"^job_[0-9a-f]{24}$"
 Limit = Annotated[int, Query(ge=1, le=100)]
+BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client error, not a 500
 
 
 @router.post("", status_code=201, response_model=JobOut)
@@ -56,7 +57,7 @@ def cancel_job(job_id: str, key: CurrentKey, session: SessionDep, settings: Sett
 
 @router.get("/{job_id}/events", response_model=Page[EventOut])
 def list_events(job_id: str, key: CurrentKey, session: SessionDep, limit: Limit = 100,
-                after: Annotated[int | None, Query(ge=0)] = None) -> Page[EventOut]:
+                after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX)] = None) -> Page[EventOut]:
     job = service.get_job(session, key.project_id, job_id)
     events, has_more = service.list_events(session, job, after=after, limit=limit)
     return Page(data=[EventOut.model_validate(e, from_attributes=True) for e in events],
@@ -65,7 +66,8 @@ def list_events(job_id: str, key: CurrentKey, session: SessionDep, limit: Limit 
 
 @router.get("/{job_id}/events/stream", response_class=StreamingResponse)
 def stream_events(job_id: str, key: CurrentKey, session: SessionDep, request: Request,
-                  last_event_id: Annotated[int | None, Header(ge=0)] = None) -> StreamingResponse:
+                  last_event_id: Annotated[int | None, Header(ge=0, le=BIGINT_MAX)] = None
+                  ) -> StreamingResponse:
     """Server-Sent Events: every event from ``Last-Event-ID`` on, until the job ends."""
     job = service.get_job(session, key.project_id, job_id)
     session.close()  # the stream opens short sessions of its own; hold no connection meanwhile
@@ -100,7 +102,8 @@ def _poll_events(job_id: str, project_id: str, after: int | None) -> tuple[list,
 
 @router.get("/{job_id}/metrics", response_model=Page[MetricOut])
 def list_metrics(job_id: str, key: CurrentKey, session: SessionDep,
-                 name: str | None = None) -> Page[MetricOut]:
+                 name: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None
+                 ) -> Page[MetricOut]:
     job = service.get_job(session, key.project_id, job_id)
     metrics = service.list_metrics(session, job, name=name)
     return Page(data=[MetricOut.model_validate(m, from_attributes=True) for m in metrics],

@@ -444,7 +444,7 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
         return None
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise invalid("The request body is not valid JSON", None, "invalid_json") from None
     model, stream = check_request(body, gateway.max_tokens)
     route = await resolve(gateway, caller, model)

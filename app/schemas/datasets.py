@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from app.schemas.common import Strict
 
 # The presets of speculators 0.9.0's dataset registry
 # (speculators.data_generation.configs.DATASET_CONFIGS) that `speculators regenerate-responses
@@ -23,10 +25,8 @@ DatasetKind = Literal["upload", "public"]
 NAME_MAX = 255
 
 
-class PublicDatasetCreate(BaseModel):
+class PublicDatasetCreate(Strict):
     """``POST /api/datasets`` with ``Content-Type: application/json``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     public: PublicName
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX)

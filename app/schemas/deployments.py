@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.schemas.jobs import Strict
+from app.schemas.common import Strict
 
 
 class DeploymentResources(Strict):

@@ -3,12 +3,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from app.schemas.common import Strict
 
 
-class SecretPut(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SecretPut(Strict):
     value: str = Field(min_length=1, max_length=8192)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.settings import DEFAULT_SECRET_KEY, Settings
+from app.settings import DEFAULT_SECRET_KEY, Settings, warn_if_default_secret_key
 
 
 def test_development_accepts_the_defaults() -> None:
@@ -17,6 +17,16 @@ def test_production_refuses_default_or_weak_secrets(secret: str) -> None:
     with pytest.raises(ValidationError, match="SPECDECK_SECRET_KEY"):
         Settings(_env_file=None, env="production", secret_key=secret,
                  database_url="postgresql+psycopg://x@db/specdeck")
+
+
+def test_the_default_secret_key_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="specdeck"):
+        assert warn_if_default_secret_key(Settings(_env_file=None, secret_key=DEFAULT_SECRET_KEY))
+    assert "SPECDECK_SECRET_KEY is not set" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specdeck"):
+        assert not warn_if_default_secret_key(Settings(_env_file=None, secret_key="x" * 40))
+    assert caplog.text == ""
 
 
 def test_production_refuses_sqlite() -> None:

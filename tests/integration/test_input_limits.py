@@ -1,0 +1,78 @@
+"""Bad input is a client error in the one error shape, never a 500, and writes nothing: bodies
+nested too deep, NUL characters in any text, cursors past what the column holds, and the name
+of an unknown field reported as it was sent. On both backends."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Api, Stack
+from tests.integration.test_jobs_api import assert_error, count_jobs
+
+DEEP = "[" * 1000 + "]" * 1000  # deeper than Python's json parser can recurse
+BIGINT_MAX = 2**63 - 1
+
+
+def test_a_body_nested_too_deep_is_a_client_error(api: Api, job_body, stack: Stack) -> None:
+    headers = {"Content-Type": "application/json"}
+    before = count_jobs(stack)
+    gateway = api.post("/v1/chat/completions", headers=headers,
+                       content='{"model": "m", "messages": [], "x": ' + DEEP + "}")
+    assert gateway.status_code == 400, gateway.text  # not retried by openai-python
+    assert gateway.json()["error"]["code"] == "invalid_json"
+    jobs = api.post("/api/jobs", headers=headers, content='{"metadata": ' + DEEP + "}")
+    assert jobs.status_code == 400 and jobs.json()["error"]["message"], jobs.text  # FastAPI's
+    assert count_jobs(stack) == before
+
+
+@pytest.mark.parametrize("overrides, param", [
+    ({"metadata": {"k": "a\u0000b"}}, "metadata"),
+    ({"metadata": {"a\u0000b": "v"}}, "metadata"),
+    ({"publish": "org/na\u0000me"}, "publish"),
+])
+def test_nul_in_a_job_body_is_refused(api: Api, job_body, stack: Stack, overrides: dict,
+                                      param: str) -> None:
+    before = count_jobs(stack)
+    error = assert_error(api.post("/api/jobs", json=job_body(**overrides)), 422, "invalid_value",
+                         param)
+    assert "NUL" in error["message"]
+    assert count_jobs(stack) == before
+
+
+def test_nul_in_an_upload_name_is_refused_and_leaves_no_file(api: Api, stack: Stack,
+                                                             roots: dict[str, str]) -> None:
+    store = Path(roots["SPECDECK_DATA_ROOT"]) / "datasets"
+    files_before = set(store.glob("*")) if store.exists() else set()
+    rows_before = stack.scalar("SELECT count(*) FROM datasets")
+    line = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+    response = api.post("/api/datasets", files={"file": ("chat.jsonl", io.BytesIO(line))},
+                        data={"name": "bad\u0000name"})
+    error = assert_error(response, 422, "invalid_value", "name")
+    assert "NUL" in error["message"]
+    assert stack.scalar("SELECT count(*) FROM datasets") == rows_before
+    assert (set(store.glob("*")) if store.exists() else set()) == files_before
+
+
+def test_cursors_past_the_column_and_nul_names_are_client_errors(api: Api, job_body) -> None:
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    for after in (str(BIGINT_MAX + 1), "99999999999999999999"):
+        assert_error(api.get(f"/api/jobs/{job_id}/events", params={"after": after}), 422,
+                     "invalid_value", "after")
+    stream = api.get(f"/api/jobs/{job_id}/events/stream",
+                     headers={"Last-Event-ID": "99999999999999999999"})
+    assert_error(stream, 422, "invalid_value", "last-event-id")
+    assert api.get(f"/api/jobs/{job_id}/events", params={"after": str(BIGINT_MAX)}).json()[
+        "data"] == []
+    assert_error(api.get(f"/api/jobs/{job_id}/metrics", params={"name": "\u0000"}), 422,
+                 "invalid_value", "name")
+
+
+def test_an_unknown_field_is_named_as_sent(api: Api, job_body) -> None:
+    for path, body in (("/api/datasets", {"public": "sharegpt", "path": "x"}),
+                       ("/api/jobs", job_body(query="x"))):
+        error = assert_error(api.post(path, json=body), 422, "unknown_field")
+        assert error["param"] in ("path", "query")
+        assert error["message"] == f"Unknown field '{error['param']}'"
