@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 T = TypeVar("T")
 
 NUL = "\x00"
-NO_NUL = f"must not contain NUL (\\u0000) characters"
+NO_NUL = "must not contain NUL (\\u0000) characters"
 
 
 def nul_in(value: Any) -> bool:
