@@ -419,6 +419,10 @@ def resolve_for_job(session: Session, project_id: str, ref: str,
         return {"dataset_id": dataset.id, "dataset_path": dataset.path, "dataset_kind": "upload",
                 "dataset_format": dataset.format}
     path = resolve_under(settings.data_root, ref, param="dataset", what="data")
+    if path.is_relative_to(datasets_dir(settings)):  # the upload store, shared by every project
+        # The same answer whether the file is there or not: no project learns of another's.
+        raise APIError(422, f"dataset '{ref}' is in the upload store: refer to an upload by its "
+                       "dataset id (ds_...)", code="invalid_path", param="dataset")
     if not path.is_file():
         raise APIError(422, f"dataset '{ref}' not found under the data root",
                        code="dataset_not_found", param="dataset")

@@ -3,7 +3,6 @@ its verifier, behind the gateway. Placed by the scheduler like jobs; run by a wo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from app.schemas.deployments import DeploymentCreate, DeploymentOut
 from app.services import state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
-from app.services.verifier import read_config, resolve_verifier
+from app.services.verifier import load_config, read_config, resolve_verifier
 from app.settings import Settings
 
 ACTIVE = [s.value for s in (DeploymentStatus.PENDING, DeploymentStatus.STARTING,
@@ -24,11 +23,13 @@ ACTIVE = [s.value for s in (DeploymentStatus.PENDING, DeploymentStatus.STARTING,
 
 
 def _drafter_block_size(config: dict[str, Any], param: str) -> int:
-    if config.get("speculators_model_type") != "dflash" or "block_size" not in config:
+    block_size = config.get("block_size")
+    if (config.get("speculators_model_type") != "dflash" or not isinstance(block_size, int)
+            or isinstance(block_size, bool) or block_size < 2):
         raise APIError(422, "the drafter is not a speculators-format DFlash checkpoint (its "
-                       "config.json needs speculators_model_type 'dflash' and block_size)",
+                       "config.json needs speculators_model_type 'dflash' and an integer block_size)",
                        code="invalid_drafter", param=param)
-    return int(config["block_size"])
+    return block_size
 
 
 def resolve_source(session: Session, project_id: str, body: DeploymentCreate,
@@ -45,7 +46,8 @@ def resolve_source(session: Session, project_id: str, body: DeploymentCreate,
         if not config_file.is_file():
             raise APIError(422, f"checkpoint {checkpoint.id} is no longer on disk",
                            code="checkpoint_not_found", param="checkpoint_id")
-        block_size = _drafter_block_size(json.loads(config_file.read_text()), "checkpoint_id")
+        block_size = _drafter_block_size(load_config(config_file, checkpoint.id,
+                                                     param="checkpoint_id"), "checkpoint_id")
         return {"source": {"kind": "checkpoint", "checkpoint_id": checkpoint.id, "job_id": job.id},
                 "drafter": checkpoint.path, "verifier": job.spec["verifier_info"]["reference"],
                 "block_size": block_size}

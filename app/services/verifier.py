@@ -28,6 +28,19 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
+def load_config(path: Path, reference: str, *, param: str) -> dict[str, Any]:
+    """A config.json as a JSON object; anything else is the caller's error (422), not ours."""
+    try:
+        config = json.loads(path.read_bytes())
+    except (ValueError, OSError) as exc:  # not JSON, not UTF-8, unreadable
+        raise APIError(422, f"config.json of {param} '{reference}' is not valid JSON",
+                       code=f"invalid_{param}_config", param=param) from exc
+    if not isinstance(config, dict):
+        raise APIError(422, f"config.json of {param} '{reference}' is not a JSON object",
+                       code=f"invalid_{param}_config", param=param)
+    return config
+
+
 def read_config(reference: str, *, settings: Settings, token: str | None = None,
                 param: str = "verifier") -> tuple[str, str, dict[str, Any]]:
     """A model's config.json: from a directory under the models root, or from the Hub.
@@ -35,11 +48,13 @@ def read_config(reference: str, *, settings: Settings, token: str | None = None,
     models_root = settings.models_root
     if looks_like_path(reference) or (models_root / reference).exists():
         path = resolve_under(models_root, reference, param=param, what="models")
-        config_file = path / "config.json"
+        # The file too: a config.json linked to a file out of the root is refused.
+        config_file = resolve_under(models_root, str(path / "config.json"), param=param,
+                                    what="models")
         if not config_file.is_file():
             raise APIError(422, f"{param} '{reference}' has no config.json under the models root",
                            code=f"{param}_not_found", param=param)
-        return str(path), "local", json.loads(config_file.read_text())
+        return str(path), "local", load_config(config_file, reference, param=param)
     if not HF_REPO_ID.match(reference):
         raise APIError(422, f"{param} must be a Hugging Face id ('org/name') or a path under the "
                        "models root", code=f"invalid_{param}", param=param)
@@ -52,7 +67,7 @@ def read_config(reference: str, *, settings: Settings, token: str | None = None,
         raise APIError(422, f"could not read config.json of {param} '{reference}' from the "
                        f"Hugging Face Hub: {type(exc).__name__}", code=f"{param}_not_found",
                        param=param) from exc
-    return reference, "hub", json.loads(Path(config_file).read_text())
+    return reference, "hub", load_config(Path(config_file), reference, param=param)
 
 
 def resolve_verifier(reference: str, *, settings: Settings) -> VerifierInfo:
