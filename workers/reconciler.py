@@ -1,6 +1,6 @@
 """The periodic reconciler, run by every worker: re-queue jobs (and re-place deployments) whose
-worker died (lease expired) and reap their orphaned processes, schedule what waits, re-kick
-lost messages, and heartbeat the worker."""
+worker died (lease expired) and reap their orphaned processes, fail publishes whose worker
+died, schedule what waits, re-kick lost messages, and heartbeat the worker."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from app.db import session_scope
-from app.db.models import Deployment, Job, Worker, utcnow
+from app.db.models import Checkpoint, Deployment, Job, Worker, utcnow
 from app.services import workers as registry
 from app.services.dispatch import kick
-from app.services.scheduling import schedule, unplace_from_dead_workers
+from app.services.scheduling import MISSED_HEARTBEATS, schedule, unplace_from_dead_workers
 from app.services.state import LEASED, MACHINES, DeploymentStatus, JobStatus, StaleJob, transition
 from app.settings import Settings
 from workers.supervisor import reap
@@ -81,6 +81,23 @@ def expire_leases(settings: Settings, host: str) -> int:
     return handled
 
 
+def fail_orphaned_publishes(settings: Settings) -> int:
+    """Publishes whose worker stopped heartbeating (it died mid-upload, or went with the task's
+    message): failed, so the checkpoint can be published again."""
+    cutoff = utcnow() - timedelta(seconds=settings.reconcile_seconds * MISSED_HEARTBEATS)
+    with session_scope() as session:
+        orphaned = session.scalars(
+            select(Checkpoint).outerjoin(Worker, Worker.id == Checkpoint.worker_id)
+            .where(Checkpoint.publish_status == "publishing",
+                   Worker.id.is_(None) | (Worker.last_heartbeat_at < cutoff))
+            .limit(BATCH).with_for_update(of=Checkpoint, skip_locked=True)).all()
+        for checkpoint in orphaned:
+            checkpoint.publish_status = "failed"
+            checkpoint.publish_error = (f"worker {checkpoint.worker_id} stopped heartbeating "
+                                        "while publishing; publish again once it is back")
+        return len(orphaned)
+
+
 def rekick_queued(settings: Settings) -> int:
     """Placed jobs (and deployments) still waiting ``rekick_after_seconds`` after their kick:
     the message was lost."""
@@ -115,6 +132,7 @@ def reconcile_once(settings: Settings, worker_id: str, host: str) -> None:
         registry.heartbeat(session, worker_id)
     expire_leases(settings, host)
     expire_deployment_leases(settings, host)
+    fail_orphaned_publishes(settings)
     with session_scope() as session:
         unplace_from_dead_workers(session, settings)
         schedule(session, settings)

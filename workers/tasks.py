@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from app.db import session_scope
 from app.db.models import Checkpoint, Deployment, Job
+from app.services.publishing import PublishError
 from app.services.secrets import HF_TOKEN, cipher
 from app.services import workers as registry
 from app.settings import get_settings
@@ -59,7 +60,8 @@ def run_deployment_task(deployment_id: str) -> None:
 
 @celery_app.task(name="specdeck.publish_checkpoint", acks_late=True, ignore_result=True)
 def publish_checkpoint_task(checkpoint_id: str, repo_id: str, private: bool) -> None:
-    """Upload a checkpoint held on this worker; the outcome is recorded on the checkpoint."""
+    """Upload a checkpoint held on this worker; the outcome is recorded on the checkpoint, and
+    every outcome ends the publish: ``published``, or ``failed`` with the reason."""
     settings = get_settings()
     work_dir = (settings.work_root / "publish" / checkpoint_id).resolve()
     log_path = (settings.logs_root / f"{checkpoint_id}-publish.log").resolve()
@@ -78,10 +80,14 @@ def publish_checkpoint_task(checkpoint_id: str, repo_id: str, private: bool) -> 
             checkpoint = session.get(Checkpoint, checkpoint_id)
             checkpoint.publish_status = "failed"
             checkpoint.publish_error = tail(log_path, 5) or f"exited with code {code}"
-    except MissingToken as exc:
+    except Exception as exc:  # any exception would leave it "publishing" for good
+        if not isinstance(exc, (MissingToken, PublishError)):
+            log.exception("publishing %s failed", checkpoint_id)
+        reason = str(exc) if isinstance(exc, (MissingToken, PublishError)) else (
+            f"publishing failed: {type(exc).__name__}: {exc}")
         with session_scope() as session:
             checkpoint = session.get(Checkpoint, checkpoint_id)
-            checkpoint.publish_status, checkpoint.publish_error = "failed", str(exc)
+            checkpoint.publish_status, checkpoint.publish_error = "failed", reason
 
 
 @signals.worker_ready.connect
