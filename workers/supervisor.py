@@ -69,6 +69,9 @@ class ManagedProcess:
         with self.log_path.open("a", encoding="utf-8") as out:
             for raw in self.proc.stdout:
                 line = redact(raw.decode("utf-8", errors="replace"), self.secrets)
+                # Trainers print through rich at COLUMNS=1000 (one record per line), which pads
+                # every line with spaces to that width: not worth storing or showing.
+                line = line.rstrip() + "\n" if line.endswith("\n") else line.rstrip(" ")
                 out.write(line)
                 out.flush()
                 if self.on_line is not None and self.line_error is None:
@@ -153,12 +156,23 @@ def reap(pgid: int, job_id: str, grace: float = 5.0) -> bool:
     return True
 
 
+TAIL_BLOCK = 64 * 1024
+TAIL_MAX_BYTES = 32 * 1024 * 1024  # the most read back for one tail, however long the lines
+
+
 def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log, read back from its end block by block."""
     if not path.exists():
         return ""
+    blocks: list[bytes] = []
+    newlines = 0
     with path.open("rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - 64 * 1024))
-        data = f.read().decode("utf-8", errors="replace")
+        end = position = f.seek(0, os.SEEK_END)
+        while position > 0 and newlines <= lines and end - position < TAIL_MAX_BYTES:
+            size = min(TAIL_BLOCK, position)
+            position -= size
+            f.seek(position)
+            blocks.append(f.read(size))
+            newlines += blocks[-1].count(b"\n")
+    data = b"".join(reversed(blocks)).decode("utf-8", errors="replace")
     return "\n".join(data.splitlines()[-lines:])

@@ -167,10 +167,11 @@ def unplace_from_dead_workers(session: Session, settings: Settings) -> int:
     moved = 0
     for job in stranded:
         if job.worker_id not in alive:
+            gone = job.worker_id  # the update below clears it on the object too
             model, owner = type(job), MACHINES[type(job)].owner
             session.execute(delete(Allocation).where(getattr(Allocation, owner) == job.id))
             session.execute(update(model).where(model.id == job.id).values(worker_id=None, allocation=None))
-            record_event(session, job, "unscheduled", f"{job.worker_id} went away before starting "
-                         "it; scheduling it again")
+            record_event(session, job, "unscheduled", f"worker {gone} went away before starting "
+                         "it; scheduling it again", {"worker": gone})
             moved += 1
     return moved

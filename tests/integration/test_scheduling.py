@@ -124,3 +124,25 @@ def test_plan_of_a_placed_vllm_job_uses_its_allocation(pg_api: Api, pg_job_body,
     assert argv[argv.index("--target-layer-ids") + 1:argv.index("--target-layer-ids") + 4] == ["2", "4", "5"]
     for j in (blocker, job):
         pg_api.wait_status(j["id"], {"succeeded"}, timeout=60)
+
+
+def test_a_job_placed_on_a_worker_that_died_is_unscheduled_naming_it(api: Api, job_body,
+                                                                     stack: Stack) -> None:
+    from datetime import timedelta
+
+    from app.db import session_scope
+    from app.db.models import Job, Worker, utcnow
+    from app.services.scheduling import unplace_from_dead_workers
+    from app.settings import get_settings
+
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    with session_scope() as session:
+        session.add(Worker(id="w-gone", host="h", queue="q-gone", gpus=[], capacity=1,
+                           last_heartbeat_at=utcnow() - timedelta(hours=1)))
+        session.flush()
+        session.get(Job, job_id).worker_id = "w-gone"
+    with session_scope() as session:
+        assert unplace_from_dead_workers(session, get_settings()) >= 1
+    [event] = [e for e in api.events(job_id) if e["kind"] == "unscheduled"]
+    assert event["message"].startswith("worker w-gone went away before starting it"), event
+    assert api.job(job_id)["status"] == "queued"

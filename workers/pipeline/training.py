@@ -72,7 +72,8 @@ class ProgressRecorder:
         save_path = ctx.paths.checkpoints
         match record:
             case EpochEvent(phase="train", status=status, epoch=epoch, num_epochs=total):
-                ctx.event("epoch", f"training epoch {epoch + 1}/{total} {status}",
+                # Epochs are numbered from 0, as the checkpoints are (their directories, the API).
+                ctx.event("epoch", f"training epoch {epoch} ({epoch + 1} of {total}) {status}",
                           {"epoch": epoch, "status": status})
             case CheckpointSaved(path=path) if record.epoch is not None:
                 ctx.write(lambda s: upsert_checkpoint(s, job_id, record.epoch, path, owner))
