@@ -123,14 +123,19 @@ def register_demo(project_id: str) -> str:
 def ensure_demo() -> tuple[str, str]:
     """The demo verifier and conversations under the models and data roots (made once)."""
     from app.settings import get_settings
-    from workers.runtimes.local.demo import create_demo_model, write_demo_data
+    from workers.runtimes.local.demo import (
+        MARKER_FILE,
+        create_demo_model,
+        demo_model_is_valid,
+        write_demo_data,
+    )
 
     settings = get_settings()
     model, data = settings.models_root / DEMO_MODEL, settings.data_root / DEMO_DATA
-    if not (model / "config.json").is_file():
+    if not demo_model_is_valid(model):
         print(f"training the demo verifier at {model} (once, about a minute) ...", flush=True)
     create_demo_model(model)  # idempotent: returns an existing valid model as is
-    if not data.is_file():
+    if not data.is_file() or data.stat().st_mtime < (model / MARKER_FILE).stat().st_mtime:
         print(f"writing the demo conversations to {data} (once) ...", flush=True)
         write_demo_data(model, data)
     return DEMO_MODEL, DEMO_DATA

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.local_runtime.conftest import NUM_LAYERS
 from workers.runtimes.local.demo import (
+    MARKER_FILE,
     _PLACE_SENTENCES,
     _TOPIC_PASSAGES,
     DEMO_NUM_LAYERS,
@@ -37,8 +38,10 @@ def test_demo_model_is_deterministic_and_idempotent(tmp_path: Path) -> None:
     mtime = (again / "model.safetensors").stat().st_mtime_ns
     assert create_demo_model(again, **short) == again
     assert (again / "model.safetensors").stat().st_mtime_ns == mtime
-    with pytest.raises(FileExistsError):  # the same directory, other parameters
-        create_demo_model(again, num_layers=2, train_steps=4)
+    # A demo model of other parameters (an older version, say) is ours: it is replaced.
+    assert create_demo_model(again, num_layers=2, train_steps=4) == again
+    assert json.loads((again / MARKER_FILE).read_text())["train_steps"] == 4
+    assert not [p for p in again.parent.iterdir() if p.name.startswith(".copy")]
 
     untrained = create_demo_model(tmp_path / "untrained", num_layers=2, train_steps=0)
     other = create_demo_model(tmp_path / "other_seed", **short, seed=1)

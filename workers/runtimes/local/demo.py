@@ -312,16 +312,18 @@ def create_demo_model(
     A deep, narrow Qwen3 (as real verifiers are next to their drafters) trained for
     ``train_steps`` steps on the demo world's chats (about a minute on 2 cores); 0 leaves
     random weights. Deterministic for its parameters. Idempotent: an existing valid model built
-    with the same parameters is returned as is; a directory holding anything else is refused.
-    The model is built in a temporary sibling directory and renamed into place, so a crash
-    never leaves a half-written model at ``path``.
+    with the same parameters is returned as is, another demo model (an older version, other
+    parameters) is replaced, and a directory holding anything else is refused. The model is
+    built in a temporary sibling directory and renamed into place, so a crash never leaves a
+    half-written model at ``path``.
     """
     path = Path(path).absolute()
     params = {"num_layers": num_layers, "hidden_size": hidden_size, "seed": seed,
               "train_steps": train_steps}
     if demo_model_is_valid(path, **params):
         return path
-    if path.exists() and any(path.iterdir()):
+    replacing = (path / MARKER_FILE).is_file()  # a demo model of another version: ours to redo
+    if path.exists() and any(path.iterdir()) and not replacing:
         raise FileExistsError(
             f"{path} exists and does not hold a demo model with "
             + ", ".join(f"{k}={v}" for k, v in params.items())
@@ -370,7 +372,10 @@ def create_demo_model(
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / MARKER_FILE).write_text(json.dumps(_marker(**params), indent=2) + "\n")
-        if path.exists():
+        if replacing:
+            old = path.rename(path.with_name(f".{path.name}.old-{os.getpid()}"))
+            shutil.rmtree(old)
+        elif path.exists():
             path.rmdir()  # empty, checked above
         try:
             staging.rename(path)
