@@ -16,14 +16,17 @@ a cancel stops the server and the client's process groups at once.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
+from app.db.models import JobMetric
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
 from workers.runtimes import data_settings, regeneration_commands, regeneration_source
 from workers.supervisor import tail
-from app.db.models import JobMetric
+
+log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 2.0  # how often the output file is looked at
 EVENT_EVERY = 0.1  # an event each time another tenth of the conversations is done
@@ -94,7 +97,8 @@ class Progress:
             try:
                 self.report()
             except Exception:  # progress is best effort; the stage's outcome does not depend on it
-                continue
+                log.warning("job %s: regeneration progress not recorded this round", self.ctx.job_id,
+                            exc_info=True)
 
     def report(self) -> None:
         done = conversations_done(self.ctx.paths.regenerated)
