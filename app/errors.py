@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,23 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
                         status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
+# Raised when the database is down or restarting, or every pooled connection is taken: the
+# request may succeed in a moment, so it is a 503 with Retry-After (which SDKs honour), not a 500.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)
+DATABASE_RETRY_AFTER_SECONDS = 2
+
+
+def database_unavailable() -> APIError:
+    return APIError(503, "The database is unreachable right now; retry shortly",
+                    code="service_unavailable",
+                    headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+
+
+async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+    return error_response(database_unavailable())
+
+
 async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return JSONResponse(error_body(500, "Internal server error", code="internal_error",
@@ -114,4 +133,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    for kind in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(kind, _database_error)
     app.add_exception_handler(Exception, _unhandled)

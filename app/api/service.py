@@ -15,7 +15,7 @@ router = APIRouter(tags=["service"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
