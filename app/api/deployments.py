@@ -5,19 +5,24 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.schemas.common import Page
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
 from app.services import deployments as service
+from app.services.hub import fetch_configs
 
 router = APIRouter(prefix="/api/deployments", tags=["deployments"])
 
 
 @router.post("", status_code=201, response_model=DeploymentOut)
-def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
-                      settings: SettingsDep) -> DeploymentOut:
-    return service.deployment_out(service.create_deployment(session, key.project_id, body, settings))
+async def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
+                            settings: SettingsDep) -> DeploymentOut:
+    hub = await fetch_configs({"drafter": body.drafter, "verifier": body.verifier}, settings)
+    deployment = await run_in_threadpool(service.create_deployment, session, key.project_id,
+                                         body, settings, hub)
+    return service.deployment_out(deployment)
 
 
 @router.get("", response_model=Page[DeploymentOut])

@@ -37,6 +37,9 @@ def current_key(request: Request, session: SessionDep) -> ApiKey:
     if key is None:
         raise APIError(401, "Invalid API key", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
+    # End the read: the connection goes back to the pool, so a route that waits on something
+    # else first (the Hugging Face Hub) holds none meanwhile. The route's work begins anew.
+    session.commit()
     return key
 
 

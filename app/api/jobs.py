@@ -8,12 +8,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.db import get_sessionmaker
 from app.schemas.common import Page
 from app.schemas.jobs import CheckpointOut, EventOut, JobCreate, JobOut, MetricOut, PlanOut
 from app.services import jobs as service
+from app.services.hub import fetch_configs
 from app.services.state import TERMINAL, JobStatus
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -24,11 +26,14 @@ BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client e
 
 
 @router.post("", status_code=201, response_model=JobOut)
-def create_job(body: JobCreate, key: CurrentKey, session: SessionDep, settings: SettingsDep,
-               response: Response,
-               idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JobOut:
-    job, created = service.create_job(session, key.project_id, body, settings=settings,
-                                      idempotency_key=idempotency_key)
+async def create_job(body: JobCreate, key: CurrentKey, session: SessionDep,
+                     settings: SettingsDep, response: Response,
+                     idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+                     ) -> JobOut:
+    hub = await fetch_configs({"verifier": body.verifier}, settings)  # before the unit of work
+    job, created = await run_in_threadpool(
+        service.create_job, session, key.project_id, body, settings=settings, hub=hub,
+        idempotency_key=idempotency_key)
     if not created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"

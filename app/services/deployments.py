@@ -3,6 +3,7 @@ its verifier, behind the gateway. Placed by the scheduler like jobs; run by a wo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def _drafter_block_size(config: dict[str, Any], param: str) -> int:
 
 
 def resolve_source(session: Session, project_id: str, body: DeploymentCreate,
-                   settings: Settings) -> dict[str, Any]:
+                   settings: Settings, hub: Mapping[str, bytes]) -> dict[str, Any]:
     if body.checkpoint_id is not None:
         row = session.execute(
             select(Checkpoint, Job).join(Job, Job.id == Checkpoint.job_id)
@@ -52,22 +53,24 @@ def resolve_source(session: Session, project_id: str, body: DeploymentCreate,
                 "drafter": checkpoint.path, "verifier": job.spec["verifier_info"]["reference"],
                 "block_size": block_size}
     assert body.drafter is not None and body.verifier is not None
-    drafter, drafter_source, config = read_config(body.drafter, settings=settings, param="drafter")
+    drafter, drafter_source, config = read_config(body.drafter, settings=settings, hub=hub,
+                                                   param="drafter")
     block_size = _drafter_block_size(config, "drafter")
-    verifier = resolve_verifier(body.verifier, settings=settings)
+    verifier = resolve_verifier(body.verifier, settings=settings, hub=hub)
     return {"source": {"kind": drafter_source, "drafter": body.drafter, "verifier": body.verifier},
             "drafter": drafter, "verifier": verifier.reference, "block_size": block_size}
 
 
 def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
-                      settings: Settings) -> Deployment:
+                      settings: Settings, hub: Mapping[str, bytes]) -> Deployment:
+    """``hub``: the configs of Hub models it names (``app.services.hub.fetch_configs``)."""
     taken = session.scalar(select(Deployment.id).where(
         Deployment.project_id == project_id, Deployment.name == body.name,
         Deployment.status.in_(ACTIVE)))
     if taken is not None:
         raise APIError(409, f"deployment {taken} already serves '{body.name}'; delete it first",
                        code="deployment_name_in_use", param="name")
-    source = resolve_source(session, project_id, body, settings)
+    source = resolve_source(session, project_id, body, settings, hub)
     spec = {
         **source,
         "num_speculative_tokens": body.num_speculative_tokens or source["block_size"] - 1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -28,10 +29,10 @@ def request_hash(body: JobCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def resolve_spec(session: Session, project_id: str, body: JobCreate,
-                 settings: Settings) -> dict[str, Any]:
+def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: Settings,
+                 hub: Mapping[str, bytes]) -> dict[str, Any]:
     """Everything the worker needs, resolved once at creation and recorded in the job."""
-    verifier = resolve_verifier(body.verifier, settings=settings)
+    verifier = resolve_verifier(body.verifier, settings=settings, hub=hub)
     speculator = body.speculator.model_dump()
     if body.speculator.target_layer_ids is None:
         layer_ids = default_layer_ids(verifier.num_hidden_layers)
@@ -114,14 +115,15 @@ def resolve_gate(body: JobCreate, runtime: str) -> dict[str, Any] | None:
 
 
 def create_job(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
-               idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Return ``(job, created)``; a replay with the same key and body returns the original."""
+               hub: Mapping[str, bytes], idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Return ``(job, created)``; a replay with the same key and body returns the original.
+    ``hub``: the configs of Hub models it names (``app.services.hub.fetch_configs``)."""
     digest = request_hash(body)
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest), False
-    job = Job(project_id=project_id, spec=resolve_spec(session, project_id, body, settings),
+    job = Job(project_id=project_id, spec=resolve_spec(session, project_id, body, settings, hub),
               idempotency_key=idempotency_key, request_hash=digest)
     try:
         with session.begin_nested():

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.errors import APIError
-from app.schemas.jobs import HF_REPO_ID
+from app.services.hub import is_hub_reference
 from app.services.paths import looks_like_path, resolve_under
 from app.settings import Settings
 
@@ -28,11 +29,11 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
-def load_config(path: Path, reference: str, *, param: str) -> dict[str, Any]:
+def parse_config(raw: bytes, reference: str, *, param: str) -> dict[str, Any]:
     """A config.json as a JSON object; anything else is the caller's error (422), not ours."""
     try:
-        config = json.loads(path.read_bytes())
-    except (ValueError, OSError) as exc:  # not JSON, not UTF-8, unreadable
+        config = json.loads(raw)
+    except ValueError as exc:  # not JSON, not UTF-8
         raise APIError(422, f"config.json of {param} '{reference}' is not valid JSON",
                        code=f"invalid_{param}_config", param=param) from exc
     if not isinstance(config, dict):
@@ -41,37 +42,37 @@ def load_config(path: Path, reference: str, *, param: str) -> dict[str, Any]:
     return config
 
 
-def read_config(reference: str, *, settings: Settings, token: str | None = None,
+def load_config(path: Path, reference: str, *, param: str) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise APIError(422, f"config.json of {param} '{reference}' cannot be read",
+                       code=f"invalid_{param}_config", param=param) from exc
+    return parse_config(raw, reference, param=param)
+
+
+def read_config(reference: str, *, settings: Settings, hub: Mapping[str, bytes],
                 param: str = "verifier") -> tuple[str, str, dict[str, Any]]:
-    """A model's config.json: from a directory under the models root, or from the Hub.
+    """A model's config.json: from a directory under the models root, or from the Hub (read
+    beforehand, off the unit of work, by ``app.services.hub.fetch_configs``: ``hub``).
     Returns (what to hand to servers and trainers, "local" or "hub", the config)."""
-    models_root = settings.models_root
-    if looks_like_path(reference) or (models_root / reference).exists():
-        path = resolve_under(models_root, reference, param=param, what="models")
-        # The file too: a config.json linked to a file out of the root is refused.
-        config_file = resolve_under(models_root, str(path / "config.json"), param=param,
-                                    what="models")
-        if not config_file.is_file():
-            raise APIError(422, f"{param} '{reference}' has no config.json under the models root",
-                           code=f"{param}_not_found", param=param)
-        return str(path), "local", load_config(config_file, reference, param=param)
-    if not HF_REPO_ID.match(reference):
+    if is_hub_reference(reference, settings):
+        return reference, "hub", parse_config(hub[reference], reference, param=param)
+    if not looks_like_path(reference) and not (settings.models_root / reference).exists():
         raise APIError(422, f"{param} must be a Hugging Face id ('org/name') or a path under the "
                        "models root", code=f"invalid_{param}", param=param)
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError
-
-    try:
-        config_file = hf_hub_download(reference, "config.json", token=token, etag_timeout=10)
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise APIError(422, f"could not read config.json of {param} '{reference}' from the "
-                       f"Hugging Face Hub: {type(exc).__name__}", code=f"{param}_not_found",
-                       param=param) from exc
-    return reference, "hub", load_config(Path(config_file), reference, param=param)
+    models_root = settings.models_root
+    path = resolve_under(models_root, reference, param=param, what="models")
+    # The file too: a config.json linked to a file out of the root is refused.
+    config_file = resolve_under(models_root, str(path / "config.json"), param=param, what="models")
+    if not config_file.is_file():
+        raise APIError(422, f"{param} '{reference}' has no config.json under the models root",
+                       code=f"{param}_not_found", param=param)
+    return str(path), "local", load_config(config_file, reference, param=param)
 
 
-def resolve_verifier(reference: str, *, settings: Settings) -> VerifierInfo:
-    resolved, source, config = read_config(reference, settings=settings)
+def resolve_verifier(reference: str, *, settings: Settings, hub: Mapping[str, bytes]) -> VerifierInfo:
+    resolved, source, config = read_config(reference, settings=settings, hub=hub)
     text = _text_config(config)
     try:
         return VerifierInfo(reference=resolved, source=source,

@@ -18,6 +18,9 @@ legacy LFS transfer, i.e. with Xet disabled) calls to create a repo and commit f
 ``POST /{id}.git/info/lfs/objects/verify``            LFS verify after the upload
 ``POST /api/models/{id}/commit/{rev}``                NDJSON commit: header / file / lfsFile lines
 ``GET  /api/whoami-v2``                               ``HfApi.whoami``
+``GET  /{id}/resolve/{rev}/{path}``                   a file's content (``hf_hub_url``), with
+                                                      ``X-Repo-Commit`` and ``ETag``; SpecDeck
+                                                      reads a model's config.json this way
 ``GET  /api/agent-harnesses``                         fetched (no auth, once a day, cached in HF_HOME)
                                                       by the client to build its user-agent header
 ====================================================  ============================================
@@ -28,6 +31,10 @@ Authentication is checked like the Hub does it: a request that carries an
 endpoints need a known token with write access (403 otherwise) to a namespace the token's user
 owns or belongs to. Upload URLs handed out by the batch API are "pre-signed": the client PUTs to
 them without its token, as it does to S3 on the real Hub.
+
+``seed(repo_id, {path: bytes})`` puts files in a public repo directly. ``stall_resolve()`` makes
+file downloads hang until ``release_resolve()`` (a Hub that accepts connections and never
+answers); ``resolving`` counts the downloads being held.
 
 Everything received is stored so tests can inspect it: ``files()``, ``file_entries()``,
 ``commits()``, ``repo()``, ``lfs_objects()``, and ``requests`` (every request with its headers and
@@ -220,6 +227,9 @@ class HubDouble:
         self._signatures: dict[str, tuple[str, str, int]] = {}  # signature -> (repo, oid, size)
         self._parts: dict[str, dict[int, bytes]] = {}
         self._lock = threading.RLock()
+        self._resolve_open = threading.Event()
+        self._resolve_open.set()
+        self.resolving = 0  # downloads held by stall_resolve()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -250,6 +260,21 @@ class HubDouble:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- test controls ---------------------------------------------------------------------
+    def seed(self, repo_id: str, files: dict[str, bytes], *, private: bool = False) -> None:
+        with self._lock:
+            repo = self._repos.setdefault(repo_id, Repo(repo_id, private=private, created_at=_now()))
+            tree = {**(repo.commits[-1].tree if repo.commits else {}),
+                    **{path: StoredFile(path, content, lfs=False) for path, content in files.items()}}
+            self._append_commit(repo, _Caller(None, self.user, True), "seeded by the test", "",
+                                tree, added=sorted(files), deleted=[])
+
+    def stall_resolve(self) -> None:
+        self._resolve_open.clear()
+
+    def release_resolve(self) -> None:
+        self._resolve_open.set()
 
     # -- inspection helpers for tests ---------------------------------------------------------
     def repo_ids(self) -> list[str]:
@@ -325,6 +350,12 @@ class HubDouble:
     def handle(self, request: RecordedRequest) -> tuple[int, dict[str, str], bytes]:
         if self.response_delay:
             time.sleep(self.response_delay)
+        if "/resolve/" in request.path and not self._resolve_open.is_set():
+            with self._lock:
+                self.resolving += 1
+            self._resolve_open.wait()
+            with self._lock:
+                self.resolving -= 1
         split = urlsplit(request.path)
         path, query = unquote(split.path), parse_qs(split.query)
         try:
@@ -358,6 +389,15 @@ class HubDouble:
             "auth": {"type": "access_token", "accessToken": {"displayName": "specdeck", "role": role,
                                                              "createdAt": _now()}},
         })
+
+    def _resolve_file(self, request, caller, query, repo_id, revision, path):
+        repo = self._get_repo(repo_id, caller)
+        commit = self._resolve(repo, revision)
+        stored = commit.tree.get(path)
+        if stored is None:
+            raise HubError(404, "Entry not found", code="EntryNotFound")
+        return 200, {"Content-Type": "application/octet-stream", "X-Repo-Commit": commit.sha,
+                     "ETag": f'"{stored.blob_id}"'}, stored.content
 
     def _agent_harnesses(self, request, caller, query):
         # The registry huggingface_hub >= 2 uses to tag its user-agent when an AI coding agent
@@ -716,6 +756,7 @@ _ROUTES: list[tuple[str, str, str]] = [
     ("POST", rf"/api/models/{_REPO}/preupload/([^/]+)", "preupload"),
     ("POST", rf"/api/models/{_REPO}/commit/([^/]+)", "commit"),
     ("GET", rf"/api/models/{_REPO}", "model_info"),
+    ("GET", rf"/{_REPO}/resolve/([^/]+)/(.+)", "resolve_file"),
     ("POST", r"/([\w.-]+)/([\w.-]+)\.git/info/lfs/objects/batch", "lfs_batch"),
     ("POST", r"/([\w.-]+)/([\w.-]+)\.git/info/lfs/objects/verify", "lfs_verify"),
     ("PUT", r"/lfs-storage/([0-9a-f]{64})", "storage_put"),
