@@ -58,9 +58,17 @@ class Settings(BaseSettings):
     reconcile_seconds: float = 5.0
     rekick_after_seconds: float = 30.0
     max_attempts: int = 3
+    # How long a worker keeps retrying its bookkeeping (progress, events, status) while the
+    # database is unreachable before it gives up on the write.
+    database_retry_seconds: float = Field(default=60.0, ge=0)
     cancel_grace_seconds: float = 5.0
-    # The Hugging Face Hub endpoint for publishing (unset: huggingface_hub's default).
+    # The Hugging Face Hub endpoint for publishing and model lookups (unset: huggingface_hub's
+    # default, or HF_ENDPOINT).
     hf_endpoint: str | None = None
+    # Reading a Hub model's config.json when a job or deployment is created: one try, at most
+    # this long (then 503 hub_unavailable), and the answer is cached this long.
+    hub_timeout_seconds: float = Field(default=10.0, gt=0)
+    hub_cache_seconds: float = Field(default=300.0, ge=0)
 
     # How long the hidden-states server or a serving engine may take to load and answer.
     verifier_ready_seconds: float = 900.0
