@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.db import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,8 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
                         status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
-# Raised when the database is down or restarting, or every pooled connection is taken: the
-# request may succeed in a moment, so it is a 503 with Retry-After (which SDKs honour), not a 500.
-DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)
+# The database is down or restarting, or every pooled connection is taken: the request may
+# succeed in a moment, so it is a 503 with Retry-After (which SDKs honour), not a 500.
 DATABASE_RETRY_AFTER_SECONDS = 2
 
 
@@ -133,6 +132,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    for kind in DATABASE_UNAVAILABLE:
+    for kind in UNAVAILABLE:
         app.add_exception_handler(kind, _database_error)
     app.add_exception_handler(Exception, _unhandled)

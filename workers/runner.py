@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.db import session_scope
+from app.db import session_scope, with_retries
 from app.services.scheduling import schedule
 from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
@@ -100,19 +100,25 @@ class JobContext:
         self._watched = [w for w in self._watched if w[1] is not proc]
 
     def set_stage(self, stage: Stage) -> None:
-        with session_scope() as session:
-            transition(session, self.lease.load(session), JobStatus.RUNNING, stage=stage,
-                       token=self.lease.token)
+        self.write(lambda session: transition(session, self.lease.load(session), JobStatus.RUNNING,
+                                              stage=stage, token=self.lease.token))
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-        with session_scope() as session:
-            record_event(session, self.lease.load(session), kind, message, data)
+        self.write(lambda session: record_event(session, self.lease.load(session), kind, message,
+                                                data))
 
-    def write(self, fn: Callable[[Any], None]) -> None:
-        """Run ``fn(session)`` while the lease is still ours (metrics, checkpoints)."""
-        with session_scope() as session:
-            self.lease.load(session)
-            fn(session)
+    def write(self, fn: Callable[[Any], None], *, retry: bool = True) -> None:
+        """Run ``fn(session)`` in one transaction while the lease is still ours. Through a
+        database outage it is retried for ``database_retry_seconds`` (``retry=False``: the
+        caller keeps what it could not write and tries again later)."""
+        def unit() -> None:
+            with session_scope() as session:
+                self.lease.load(session)
+                fn(session)
+
+        if not retry:
+            return unit()
+        with_retries(unit, seconds=self.settings.database_retry_seconds, what=self.job_id)
 
     def on_cleanup(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the attempt ends, whatever the outcome (stop servers)."""
@@ -130,8 +136,8 @@ class JobContext:
                 self._pgids.append(pgid)
             elif pgid in self._pgids:
                 self._pgids.remove(pgid)
-            with session_scope() as session:
-                self.lease.update(session, pgids=list(self._pgids), pgid_host=HOST)
+            pgids = list(self._pgids)  # written under the lock: the latest list wins
+            self.write(lambda session: self.lease.update(session, pgids=pgids, pgid_host=HOST))
 
     def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
               log_path: Path | None = None) -> ManagedProcess:
@@ -210,13 +216,20 @@ def load_pipeline(spec: str) -> list[PipelineStage]:
 
 
 def _finish(lease: Lease, settings: Settings, to: JobStatus, **kwargs: Any) -> None:
-    with session_scope() as session:
-        job = lease.load(session)
-        if job.status == JobStatus.CANCELLING:  # a cancel request wins over any other ending
-            to, kwargs = JobStatus.CANCELLED, {"reason": "cancelled by user"}
-        transition(session, job, to, token=lease.token, **kwargs)
-    with session_scope() as session:
-        schedule(session, settings)  # the GPUs it held are free: the oldest waiting job goes next
+    def end() -> None:
+        with session_scope() as session:
+            job = lease.load(session)
+            ending, details = to, kwargs
+            if job.status == JobStatus.CANCELLING:  # a cancel request wins over any other ending
+                ending, details = JobStatus.CANCELLED, {"reason": "cancelled by user"}
+            transition(session, job, ending, token=lease.token, **details)
+
+    def next_job() -> None:
+        with session_scope() as session:
+            schedule(session, settings)  # its GPUs are free: the oldest waiting job goes next
+
+    with_retries(end, seconds=settings.database_retry_seconds, what=lease.job_id)
+    with_retries(next_job, seconds=settings.database_retry_seconds, what=lease.job_id)
 
 
 def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import get_settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# What the database raises while it is down or restarting, or when every pooled connection is
+# taken: the same work may succeed in a moment.
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)
 
 
 def make_engine(url: str) -> Engine:
@@ -70,3 +82,21 @@ def session_scope() -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def with_retries(fn: Callable[[], T], *, seconds: float, what: str) -> T:
+    """``fn()``, run again with backoff while the database is unavailable, for up to
+    ``seconds``; then its error is raised. ``fn`` must be one whole unit of work (its own
+    ``session_scope``), so that a retry repeats all of it or nothing."""
+    deadline = time.monotonic() + seconds
+    delay = 0.25
+    while True:
+        try:
+            return fn()
+        except UNAVAILABLE as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: the database is unavailable (%s); retrying in %.2g s", what,
+                        str(exc).splitlines()[0], delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
+from collections import deque
 from pathlib import Path
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.db import UNAVAILABLE
 from app.db.models import Checkpoint, JobMetric
+from app.services.state import record_event
 from workers.pipeline.trainer_output import (
     BestCheckpointUpdated,
     CheckpointSaved,
     EpochEvent,
     Metric,
+    Record,
     TrainingInterrupted,
     TrainingResumed,
     parse_line,
 )
 from workers.runner import JobContext
+
+log = logging.getLogger(__name__)
 
 
 def saved_epochs(save_path: Path) -> list[int]:
@@ -52,42 +60,78 @@ def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str, work
 
 
 class ProgressRecorder:
-    """Feeds each trainer line through the parser and records what it means."""
+    """Feeds each trainer line through the parser and records what it means, one transaction
+    per line. While the database is unreachable the records wait in a backlog (the trainer's
+    output is never held up), retried every ``RETRY_SECONDS`` and drained, with retries, once
+    the trainer has exited: an outage loses no metric, checkpoint row or event."""
+
+    RETRY_SECONDS = 1.0
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
+        self.backlog: deque[list[Record]] = deque()
+        self.held_back = 0  # records that waited out an outage
+        self._next_try = 0.0
 
     def __call__(self, line: str) -> None:
         records = parse_line(line)
-        metrics = [r for r in records if isinstance(r, Metric)]
-        if metrics:
-            self.ctx.write(lambda s: s.add_all(
-                JobMetric(job_id=self.ctx.job_id, step=m.step, epoch=m.epoch, name=m.name,
-                          value=m.value) for m in metrics))
-        for record in records:
-            self.record(record)
+        if records:
+            self.backlog.append(records)
+        if self.backlog and time.monotonic() >= self._next_try:
+            self._flush(retry=False)
 
-    def record(self, record: object) -> None:
+    def drain(self) -> None:
+        """Write what an outage held back, retrying while the database is still down."""
+        self._flush(retry=True)
+        if self.held_back:
+            self.ctx.event("progress", f"{self.held_back} trainer records were held back by a "
+                           "database outage and recorded after it", {"records": self.held_back})
+
+    def _flush(self, *, retry: bool) -> None:
+        while self.backlog:
+            try:
+                self.ctx.write(lambda session: self.apply(session, self.backlog[0]), retry=retry)
+            except UNAVAILABLE:
+                if retry:
+                    raise
+                log.warning("job %s: database unavailable; %d trainer records held back",
+                            self.ctx.job_id, len(self.backlog))
+                self.held_back = max(self.held_back, len(self.backlog))
+                self._next_try = time.monotonic() + self.RETRY_SECONDS
+                return
+            self.backlog.popleft()
+
+    def apply(self, session: Session, records: list[Record]) -> None:
         ctx, job_id, owner = self.ctx, self.ctx.job_id, self.ctx.lease.owner
         save_path = ctx.paths.checkpoints
-        match record:
-            case EpochEvent(phase="train", status=status, epoch=epoch, num_epochs=total):
-                # Epochs are numbered from 0, as the checkpoints are (their directories, the API).
-                ctx.event("epoch", f"training epoch {epoch} ({epoch + 1} of {total}) {status}",
+        job = ctx.lease.load(session)
+
+        def event(kind: str, message: str, data: dict | None = None) -> None:
+            record_event(session, job, kind, message, data)
+
+        session.add_all(JobMetric(job_id=job_id, step=m.step, epoch=m.epoch, name=m.name,
+                                  value=m.value) for m in records if isinstance(m, Metric))
+        session.flush()  # the metrics first: a checkpoint row reads its epoch's val/ metrics
+        for record in records:
+            match record:
+                case EpochEvent(phase="train", status=status, epoch=epoch, num_epochs=total):
+                    # Epochs are numbered from 0, as the checkpoints are (directories, the API).
+                    event("epoch", f"training epoch {epoch} ({epoch + 1} of {total}) {status}",
                           {"epoch": epoch, "status": status})
-            case CheckpointSaved(path=path) if record.epoch is not None:
-                ctx.write(lambda s: upsert_checkpoint(s, job_id, record.epoch, path, owner))
-                ctx.event("checkpoint", f"checkpoint for epoch {record.epoch} saved", {"path": path})
-            case BestCheckpointUpdated(epoch=epoch, val_loss=loss):
-                path = str(save_path / str(epoch))
-                ctx.write(lambda s: upsert_checkpoint(s, job_id, epoch, path, owner, best=True))
-                ctx.event("checkpoint", f"best checkpoint is now epoch {epoch} "
+                case CheckpointSaved(path=path) if record.epoch is not None:
+                    upsert_checkpoint(session, job_id, record.epoch, path, owner)
+                    event("checkpoint", f"checkpoint for epoch {record.epoch} saved",
+                          {"path": path})
+                case BestCheckpointUpdated(epoch=epoch, val_loss=loss):
+                    upsert_checkpoint(session, job_id, epoch, str(save_path / str(epoch)), owner,
+                                      best=True)
+                    event("checkpoint", f"best checkpoint is now epoch {epoch} "
                           f"(val loss {loss:.4f})", {"epoch": epoch, "val_loss": loss})
-            case TrainingResumed(epoch=epoch):
-                ctx.event("resumed", f"training resumed from the epoch {epoch - 1} checkpoint "
+                case TrainingResumed(epoch=epoch):
+                    event("resumed", f"training resumed from the epoch {epoch - 1} checkpoint "
                           f"(continuing with epoch {epoch})", {"epoch": epoch})
-            case TrainingInterrupted(signal=sig):
-                ctx.event("interrupted", f"trainer received {sig}; saving before it exits")
+                case TrainingInterrupted(signal=sig):
+                    event("interrupted", f"trainer received {sig}; saving before it exits")
 
 
 def sync_checkpoints(ctx: JobContext) -> None:
@@ -118,5 +162,9 @@ def train(ctx: JobContext) -> None:
     if done is not None:
         ctx.event("resuming", f"found the epoch {done} checkpoint; the trainer resumes after it",
                   {"epoch": done})
-    ctx.run(ctx.plan.stage("training"), on_line=ProgressRecorder(ctx))
+    recorder = ProgressRecorder(ctx)
+    try:
+        ctx.run(ctx.plan.stage("training"), on_line=recorder)
+    finally:
+        recorder.drain()  # also when training failed: its progress until then is shown
     sync_checkpoints(ctx)
