@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     max_dataset_bytes: int = 268_435_456
     max_dataset_line_bytes: int = 1_048_576
 
+    # Per-project quotas (0: no limit): jobs not yet ended (queued, running, cancelling),
+    # deployments not stopped or failed, and the bytes of the project's uploaded datasets.
+    quota_active_jobs: int = Field(default=20, ge=0)
+    quota_active_deployments: int = Field(default=8, ge=0)
+    quota_dataset_bytes: int = Field(default=10 * 1024**3, ge=0)
+
     # Celery queue that kicks go to, and the worker's identity.
     queue: str = "specdeck"
     worker_name: str = Field(default_factory=lambda: f"worker@{socket.gethostname()}")

@@ -22,6 +22,7 @@ from app.db import after_commit
 from app.db.models import Dataset, Job
 from app.errors import APIError, error_body, not_found
 from app.schemas.datasets import NAME_MAX, DatasetOut
+from app.services import quotas
 from app.services.paths import resolve_under
 from app.settings import Settings
 
@@ -284,6 +285,7 @@ def create_upload(session: Session, project_id: str, stream: IO[bytes], *, filen
         if existing is not None:
             _restore_file(tmp, existing)
             return existing, False
+        quotas.check_dataset_bytes(session, project_id, scan.num_bytes, settings)
         final = directory / f"{digest}.jsonl"
         os.replace(tmp, final)  # atomic; identical content if another project stored it first
         dataset = Dataset(project_id=project_id, kind="upload",

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Deployment, Job
 from app.errors import APIError, not_found
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
-from app.services import state
+from app.services import quotas, state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
 from app.services.verifier import load_config, read_config, resolve_verifier
@@ -79,6 +79,7 @@ def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
     }
     deployment = Deployment(project_id=project_id, name=body.name, spec=spec)
     state.initialize(session, deployment, "deployment created")
+    quotas.check_active(session, deployment, settings)
     schedule(session, settings)
     return deployment
 

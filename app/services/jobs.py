@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Job, JobEvent, JobMetric
 from app.errors import APIError, not_found
 from app.schemas.jobs import JobCreate, JobOut
-from app.services import state
+from app.services import quotas, state
 from app.services.scheduling import schedule
 from app.services.datasets import resolve_for_job
 from app.services.state import JobStatus
@@ -128,6 +128,8 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
     try:
         with session.begin_nested():
             state.initialize(session, job, "job created")
+            # In the savepoint: pysqlite commits when it is released, so a refusal must come first.
+            quotas.check_active(session, job, settings)
     except IntegrityError:
         # A concurrent request with the same key won the race.
         existing = _by_idempotency_key(session, project_id, idempotency_key or "")

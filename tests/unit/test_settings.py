@@ -57,3 +57,14 @@ def test_gateway_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SPECDECK_GATEWAY_MAX_TOKENS", "0")
     with pytest.raises(ValidationError, match="gateway_max_tokens"):
         Settings(_env_file=None)
+
+
+def test_quota_settings_have_defaults_and_refuse_negatives(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(_env_file=None)
+    assert (settings.quota_active_jobs, settings.quota_active_deployments,
+            settings.quota_dataset_bytes) == (20, 8, 10 * 1024**3)
+    monkeypatch.setenv("SPECDECK_QUOTA_ACTIVE_JOBS", "0")  # no limit
+    assert Settings(_env_file=None).quota_active_jobs == 0
+    monkeypatch.setenv("SPECDECK_QUOTA_DATASET_BYTES", "-1")
+    with pytest.raises(ValidationError, match="quota_dataset_bytes"):
+        Settings(_env_file=None)
