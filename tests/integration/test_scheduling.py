@@ -37,7 +37,8 @@ def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Ap
     assert first["worker"] == "gpu-box"
     assert first["allocation"] == {"verifier": [0, 1], "trainer": [2]}
     assert second["worker"] is None
-    assert second["status_reason"] == "waiting for 3 free GPUs on one worker (most free now: 1)"
+    assert second["status_reason"] == (f"waiting for 3 free GPUs on one worker: gpu-box has 1 of 4 "
+                                       f"free (used by {first['id']})")
 
     plan = pg_api.get(f"/api/jobs/{first['id']}/plan").json()
     assert plan["gpus"] == {"verifier": [0, 1], "trainer": [2]}
@@ -98,7 +99,8 @@ def test_cpu_capacity_is_the_number_of_concurrent_local_jobs(pg_api: Api, pg_job
     jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "2"})).json()
             for _ in range(3)]
     assert [j["allocation"] for j in jobs[:2]] == [{"slot": [0]}, {"slot": [1]}]
-    assert jobs[2]["status_reason"] == "waiting for a free CPU slot on a worker (most free now: 0)"
+    assert jobs[2]["status_reason"] == (f"waiting for a free training slot: laptop has 0 of 2 free "
+                                        f"(used by {jobs[0]['id']}, {jobs[1]['id']})")
     for job in jobs:
         assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
     assert allocations(pg_stack) == 0
