@@ -232,8 +232,8 @@ class Usage(Base):
 
 
 class Allocation(Base):
-    """One GPU (or CPU slot) of a worker held by a job or deployment. The unique key is what guarantees that
-    two owners never share a GPU, whatever races the schedulers run into."""
+    """One GPU (or CPU slot) of a worker held by a job or deployment. The unique key is what
+    guarantees that two owners never share a GPU, whatever races the schedulers run into."""
 
     __tablename__ = "allocations"
     __table_args__ = (UniqueConstraint("worker_id", "resource", "idx", name="uq_allocations_unit"),)

@@ -170,10 +170,10 @@ def _in_use(session: Session, candidates: list[tuple[Worker, list[int]]], resour
             viewer: Job | Deployment) -> str:
     """What each worker offering ``resource`` has free, and who holds the rest: "laptop has 0
     of 1 free (used by job_...)"."""
-    rows = session.execute(select(Allocation.worker_id, Job, Deployment).where(Allocation.resource == resource)
+    rows = session.execute(select(Allocation.worker_id, Job, Deployment)
                            .outerjoin(Job, Job.id == Allocation.job_id)
                            .outerjoin(Deployment, Deployment.id == Allocation.deployment_id)
-                           .order_by(Allocation.id))
+                           .where(Allocation.resource == resource).order_by(Allocation.id))
     holders: dict[str, list[str]] = {}
     for worker_id, owned_job, owned_deployment in rows:
         names = holders.setdefault(worker_id, [])
