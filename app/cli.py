@@ -66,8 +66,10 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
     _ensure_sqlite_dirs()
     settings = get_settings()
-    # One thread per job it can hold: a CPU slot each, or at least one GPU each.
-    concurrency = settings.worker_concurrency + len(detect_gpus(settings.worker_gpus))
+    # One thread per job or deployment it can hold: a training or serving slot each, or at
+    # least one GPU each.
+    concurrency = (settings.worker_concurrency + settings.worker_serving_slots
+                   + len(detect_gpus(settings.worker_gpus)))
     celery_app.worker_main([
         "worker", "--pool=threads", f"--concurrency={concurrency}",
         f"--queues={settings.worker_queue}", f"--hostname={settings.worker_name}",

@@ -54,7 +54,12 @@ class Settings(BaseSettings):
     # Celery queue that kicks go to, and the worker's identity.
     queue: str = "specdeck"
     worker_name: str = Field(default_factory=lambda: f"worker@{socket.gethostname()}")
-    worker_concurrency: int = 1
+    # What a worker offers the local (CPU) runtime: training slots, each running one job, and
+    # serving slots, each running one deployment's engine. Kept apart so that a deployment,
+    # which serves until deleted, never holds the slot the next job needs (nor the reverse).
+    # The vllm runtime uses GPUs instead. 0 serving slots: this worker serves nothing locally.
+    worker_concurrency: int = Field(default=1, ge=0)
+    worker_serving_slots: int = Field(default=1, ge=0)
     # "0,1,2,3" pins the GPUs a worker offers; "" means none. Unset: ask NVML.
     worker_gpus: str | None = None
 

@@ -97,7 +97,8 @@ def _on_worker_ready(**_: object) -> None:
     gpus = detect_gpus(settings.worker_gpus)
     with session_scope() as session:
         registry.register(session, worker_id=settings.worker_name, host=HOST, queue=settings.worker_queue,
-                          gpus=gpus, capacity=settings.worker_concurrency)
+                          gpus=gpus, capacity=settings.worker_concurrency,
+                          serving_slots=settings.worker_serving_slots)
     reap_own_orphans(settings.worker_name, HOST)
     _reconciler = Reconciler(settings, settings.worker_name, HOST)
     _reconciler.start()

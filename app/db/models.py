@@ -232,15 +232,15 @@ class Usage(Base):
 
 
 class Allocation(Base):
-    """One GPU (or CPU slot) of a worker held by a job. The unique key is what guarantees that
-    two owners never share a GPU, whatever races the schedulers run into."""
+    """One GPU (or CPU slot) of a worker held by a job or deployment. The unique key is what
+    guarantees that two owners never share a GPU, whatever races the schedulers run into."""
 
     __tablename__ = "allocations"
     __table_args__ = (UniqueConstraint("worker_id", "resource", "idx", name="uq_allocations_unit"),)
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id", ondelete="CASCADE"))
-    resource: Mapped[str] = mapped_column(String(8))  # "gpu" or "slot"
+    resource: Mapped[str] = mapped_column(String(8))  # "gpu", "slot" (training) or "serving"
     idx: Mapped[int] = mapped_column(Integer)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     deployment_id: Mapped[str | None] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"),
@@ -269,7 +269,8 @@ class Worker(Base):
     host: Mapped[str] = mapped_column(String(255))
     queue: Mapped[str] = mapped_column(String(255))
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
-    capacity: Mapped[int] = mapped_column(Integer, default=1)
+    capacity: Mapped[int] = mapped_column(Integer, default=1)  # training slots (local runtime)
+    serving_slots: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -12,7 +12,8 @@ class WorkerOut(BaseModel):
     host: str
     queue: str
     gpus: list[dict[str, Any]]
-    capacity: int
+    capacity: int  # training slots: local-runtime jobs at once
+    serving_slots: int  # local-runtime deployments at once
     started_at: datetime
     last_heartbeat_at: datetime
     alive: bool

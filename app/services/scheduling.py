@@ -1,9 +1,13 @@
-"""GPU scheduling: place queued jobs on a worker with enough free GPUs (or a free CPU slot for
-the local runtime), record the allocation, and route the job to that worker's own queue.
+"""GPU scheduling: place queued jobs and deployments on a worker with enough free GPUs (for the
+local runtime: a free CPU slot, a training slot for a job, a serving slot for a deployment),
+record the allocation, and route the work to that worker's own queue.
 
 Oldest first, per kind of resource: a job that does not fit holds back the younger jobs that
-need the same kind, so a large job is never starved by a stream of small ones. Allocations are
-released by ``state.transition`` whenever a job leaves running (any outcome, a lost worker too).
+need the same kind, so a large job is never starved by a stream of small ones. Training and
+serving slots are two kinds, so a deployment (which holds its slot until deleted) never starves
+the jobs, nor a busy training slot the deployments. What waits gets a reason naming what holds
+the resource. Allocations are released by ``state.transition`` whenever a job leaves running (any
+outcome, a lost worker too).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class _AlreadyPlaced(Exception):
 
 @dataclass(frozen=True)
 class Need:
-    resource: str  # "gpu" or "slot"
+    resource: str  # "gpu"; for the local runtime "slot" (a job's) or "serving" (a deployment's)
     verifier: int
     trainer: int
 
@@ -40,16 +44,20 @@ class Need:
     def count(self) -> int:
         return self.verifier + self.trainer if self.resource == "gpu" else 1
 
+    @property
+    def unit(self) -> str:
+        return {"gpu": "GPU", "slot": "training slot", "serving": "serving slot"}[self.resource]
+
     def describe(self) -> str:
         if self.resource == "gpu":
             return f"{self.count} free GPUs on one worker"
-        return "a free CPU slot on a worker"
+        return f"a free {self.unit}"
 
 
 def need(obj: Job | Deployment) -> Need:
     spec = obj.spec
     if spec["runtime"] != "vllm":
-        return Need("slot", 0, 0)
+        return Need("serving" if isinstance(obj, Deployment) else "slot", 0, 0)
     res = spec["resources"]
     if isinstance(obj, Deployment):
         return Need("gpu", res["tensor_parallel_size"], 0)
@@ -66,7 +74,7 @@ def alive_workers(session: Session, settings: Settings) -> list[Worker]:
 def units(worker: Worker, resource: str) -> list[int]:
     if resource == "gpu":
         return [int(g["index"]) for g in worker.gpus]
-    return list(range(worker.capacity))
+    return list(range(worker.serving_slots if resource == "serving" else worker.capacity))
 
 
 def free_units(session: Session, worker: Worker, resource: str) -> list[int]:
@@ -79,7 +87,7 @@ def _place(session: Session, job: Job | Deployment, n: Need, worker: Worker, fre
     model, machine = type(job), MACHINES[type(job)]
     taken = free[:n.count]
     allocation = ({"verifier": taken[:n.verifier], "trainer": taken[n.verifier:]}
-                  if n.resource == "gpu" else {"slot": taken})
+                  if n.resource == "gpu" else {n.resource: taken})
     try:
         with session.begin_nested():
             session.add_all(Allocation(worker_id=worker.id, resource=n.resource, idx=i,
@@ -95,8 +103,8 @@ def _place(session: Session, job: Job | Deployment, n: Need, worker: Worker, fre
     except (IntegrityError, _AlreadyPlaced):
         return False  # another scheduler got there first
     session.refresh(job)
-    if n.resource == "slot":
-        where = "a CPU slot"
+    if n.resource != "gpu":
+        where = f"{n.unit} {taken[0]}"
     elif n.trainer:
         where = f"GPUs {allocation['verifier']} (verifier) and {allocation['trainer']} (trainer)"
     else:
@@ -125,13 +133,13 @@ def schedule(session: Session, settings: Settings) -> int:
     if not jobs:
         return 0
     workers = alive_workers(session, settings)
-    blocked: dict[str, str] = {}
+    blocked: dict[str, Job | Deployment] = {}
     placed = 0
     for job in jobs:
         n = need(job)
         if n.resource in blocked:
-            _waiting(session, job, f"waiting for {n.describe()}; an older job ({blocked[n.resource]}) "
-                     "is first in line")
+            _waiting(session, job, f"waiting for {n.describe()}; {_name(blocked[n.resource], job)} "
+                     "is older and first in line")
             continue
         candidates = [(w, free_units(session, w, n.resource)) for w in workers]
         fits = [(w, free) for w, free in candidates if len(free) >= n.count]
@@ -145,11 +153,40 @@ def schedule(session: Session, settings: Settings) -> int:
             # It cannot fit even on an idle worker: it must not hold back the jobs that can.
             reason = f"waiting for {n.describe()}: the largest worker online has {largest}"
         else:
-            blocked[n.resource] = job.id
-            most = max((len(free) for _, free in candidates), default=0)
-            reason = f"waiting for {n.describe()} (most free now: {most})"
+            blocked[n.resource] = job
+            reason = f"waiting for {n.describe()}: {_in_use(session, candidates, n.resource, job)}"
         _waiting(session, job, reason)
     return placed
+
+
+def _name(owner: Job | Deployment, viewer: Job | Deployment) -> str:
+    """An owner as ``viewer`` may see it: by id in its own project, only its kind in another."""
+    if owner.project_id == viewer.project_id:
+        return owner.id
+    return f"another project's {'job' if isinstance(owner, Job) else 'deployment'}"
+
+
+def _in_use(session: Session, candidates: list[tuple[Worker, list[int]]], resource: str,
+            viewer: Job | Deployment) -> str:
+    """What each worker offering ``resource`` has free, and who holds the rest: "laptop has 0
+    of 1 free (used by job_...)"."""
+    rows = session.execute(select(Allocation.worker_id, Job, Deployment)
+                           .outerjoin(Job, Job.id == Allocation.job_id)
+                           .outerjoin(Deployment, Deployment.id == Allocation.deployment_id)
+                           .where(Allocation.resource == resource).order_by(Allocation.id))
+    holders: dict[str, list[str]] = {}
+    for worker_id, owned_job, owned_deployment in rows:
+        names = holders.setdefault(worker_id, [])
+        name = _name(owned_job or owned_deployment, viewer)
+        if name not in names:
+            names.append(name)
+    parts = []
+    for worker, free in candidates:
+        total = len(units(worker, resource))
+        if total:
+            used = f" (used by {', '.join(holders[worker.id])})" if worker.id in holders else ""
+            parts.append(f"{worker.id} has {len(free)} of {total} free{used}")
+    return "; ".join(parts)
 
 
 def _unplaced(session: Session, model: type[Job] | type[Deployment]) -> list[Any]:

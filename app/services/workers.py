@@ -16,9 +16,10 @@ MISSED_HEARTBEATS = 3
 
 
 def register(session: Session, *, worker_id: str, host: str, queue: str,
-             gpus: list[dict[str, Any]], capacity: int) -> Worker:
+             gpus: list[dict[str, Any]], capacity: int, serving_slots: int) -> Worker:
     worker = session.get(Worker, worker_id) or Worker(id=worker_id)
-    worker.host, worker.queue, worker.gpus, worker.capacity = host, queue, gpus, capacity
+    worker.host, worker.queue, worker.gpus = host, queue, gpus
+    worker.capacity, worker.serving_slots = capacity, serving_slots
     worker.started_at = worker.last_heartbeat_at = utcnow()
     session.add(worker)
     return worker
@@ -42,5 +43,6 @@ def list_workers(session: Session, heartbeat_seconds: float) -> list[WorkerOut]:
     cutoff = utcnow() - timedelta(seconds=heartbeat_seconds * MISSED_HEARTBEATS)
     workers = session.scalars(select(Worker).order_by(Worker.id))
     return [WorkerOut(id=w.id, host=w.host, queue=w.queue, gpus=w.gpus, capacity=w.capacity,
+                      serving_slots=w.serving_slots,
                       started_at=w.started_at, last_heartbeat_at=w.last_heartbeat_at,
                       alive=w.last_heartbeat_at >= cutoff) for w in workers]

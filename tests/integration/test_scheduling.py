@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import Api, Stack
+from tests.conftest import Api, Stack, write_verifier
 from tests.integration.test_dispatch import pid_files, ts, wait_for
 from workers.supervisor import group_alive
 
@@ -37,7 +37,8 @@ def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Ap
     assert first["worker"] == "gpu-box"
     assert first["allocation"] == {"verifier": [0, 1], "trainer": [2]}
     assert second["worker"] is None
-    assert second["status_reason"] == "waiting for 3 free GPUs on one worker (most free now: 1)"
+    assert second["status_reason"] == (f"waiting for 3 free GPUs on one worker: gpu-box has 1 of 4 "
+                                       f"free (used by {first['id']})")
 
     plan = pg_api.get(f"/api/jobs/{first['id']}/plan").json()
     assert plan["gpus"] == {"verifier": [0, 1], "trainer": [2]}
@@ -98,7 +99,8 @@ def test_cpu_capacity_is_the_number_of_concurrent_local_jobs(pg_api: Api, pg_job
     jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "2"})).json()
             for _ in range(3)]
     assert [j["allocation"] for j in jobs[:2]] == [{"slot": [0]}, {"slot": [1]}]
-    assert jobs[2]["status_reason"] == "waiting for a free CPU slot on a worker (most free now: 0)"
+    assert jobs[2]["status_reason"] == (f"waiting for a free training slot: laptop has 0 of 2 free "
+                                        f"(used by {jobs[0]['id']}, {jobs[1]['id']})")
     for job in jobs:
         assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
     assert allocations(pg_stack) == 0
@@ -146,3 +148,82 @@ def test_a_job_placed_on_a_worker_that_died_is_unscheduled_naming_it(api: Api, j
     [event] = [e for e in api.events(job_id) if e["kind"] == "unscheduled"]
     assert event["message"].startswith("worker w-gone went away before starting it"), event
     assert api.job(job_id)["status"] == "queued"
+
+
+def local_deployment(stack: Stack, name: str = "demo-fast") -> dict:
+    from tests.integration.test_deployments_api import write_drafter
+
+    return {"name": name, "runtime": "local", "verifier": write_verifier(stack.models_root),
+            "drafter": write_drafter(stack.models_root)}
+
+
+def test_a_laptop_worker_serves_a_deployment_and_runs_a_job_at_once(pg_api: Api, pg_job_body,
+                                                                      pg_stack: Stack) -> None:
+    """Default settings: one training slot and one serving slot, so a deployment (which holds
+    its slot until deleted) does not keep every job waiting."""
+    pg_stack.start_worker("laptop")
+    [worker] = pg_api.get("/api/workers").json()["data"]
+    assert (worker["capacity"], worker["serving_slots"]) == (1, 1)
+    deployment = pg_api.post("/api/deployments", json=local_deployment(pg_stack)).json()
+    assert (deployment["worker"], deployment["allocation"]) == ("laptop", {"serving": [0]})
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.5"})).json()
+    assert (job["worker"], job["allocation"], job["status_reason"]) == ("laptop", {"slot": [0]}, None)
+    # The worker has a thread for each: the job runs while the deployment holds its own.
+    assert pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=60)["status"] == "succeeded"
+    assert pg_api.get(f"/api/deployments/{deployment['id']}").json()["worker"] == "laptop"
+    assert pg_api.delete(f"/api/deployments/{deployment['id']}").status_code == 200
+    wait_for(lambda: pg_api.get(f"/api/deployments/{deployment['id']}").json()["status"] == "stopped",
+             60, "the deployment to stop")
+    assert allocations(pg_stack) == 0
+
+
+def test_what_waits_for_a_cpu_slot_says_who_holds_it_once(api: Api, job_body, make_api,
+                                                           stack: Stack) -> None:
+    import uuid
+    from datetime import timedelta
+
+    from app.db import session_scope
+    from app.db.models import Worker, utcnow
+    from app.services.scheduling import schedule
+    from app.settings import get_settings
+
+    def passes(n: int) -> None:
+        for _ in range(n):
+            with session_scope() as session:
+                schedule(session, get_settings())
+
+    def waiting(job_id: str) -> list[str]:
+        return [e["message"] for e in api.events(job_id) if e["kind"] == "waiting"]
+
+    first = api.post("/api/jobs", json=job_body()).json()
+    assert first["status_reason"] == "waiting for a worker to come online"
+    passes(3)
+    assert waiting(first["id"]) == ["waiting for a worker to come online"]
+
+    # A worker that nobody runs: what it is given stays queued on it, holding its slots.
+    with session_scope() as session:
+        session.add(Worker(id="laptop", host="h", queue=f"q-{uuid.uuid4().hex[:8]}", gpus=[],
+                           capacity=1, serving_slots=1, last_heartbeat_at=utcnow() + timedelta(hours=1)))
+    passes(1)
+    assert api.job(first["id"])["allocation"] == {"slot": [0]}
+    assert api.job(first["id"])["status_reason"] is None
+
+    second, third = (api.post("/api/jobs", json=job_body()).json() for _ in range(2))
+    reason = f"waiting for a free training slot: laptop has 0 of 1 free (used by {first['id']})"
+    assert second["status_reason"] == reason
+    assert third["status_reason"] == (f"waiting for a free training slot; {second['id']} is older "
+                                      "and first in line")
+    # The training slot being busy does not keep a deployment from its serving slot.
+    deployment = api.post("/api/deployments", json=local_deployment(stack)).json()
+    assert deployment["allocation"] == {"serving": [0]}
+
+    passes(3)
+    assert waiting(second["id"]) == [reason]  # once, however often the scheduler looks
+    # Another project is told what holds the slot, not its ids.
+    other = make_api(api)
+    theirs = other.post("/api/deployments", json=local_deployment(stack)).json()
+    assert theirs["status_reason"] == ("waiting for a free serving slot: laptop has 0 of 1 free "
+                                       "(used by another project's deployment)")
+    theirs = other.post("/api/jobs", json=job_body()).json()
+    assert theirs["status_reason"] == ("waiting for a free training slot; another project's job is "
+                                       "older and first in line")
