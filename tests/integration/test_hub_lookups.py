@@ -96,7 +96,8 @@ def test_a_hanging_hub_does_not_stall_other_requests(pg_stack: Stack, hub: HubDo
                                                       tmp_path: Path) -> None:
     _use_hub(pg_stack, hub, timeout=120)  # the lookups hang for the whole test
     env = {**os.environ, **pg_stack.env, "SPECDECK_HF_ENDPOINT": hub.url,
-           "SPECDECK_HUB_TIMEOUT_SECONDS": "120", "PYTHONPATH": str(Path.cwd())}
+           "SPECDECK_HUB_TIMEOUT_SECONDS": "120", "SPECDECK_QUOTA_ACTIVE_JOBS": "0",
+           "PYTHONPATH": str(Path.cwd())}
     url, proc = start_api(env, tmp_path / "api.log")
     key = new_key()
     headers = {"Authorization": f"Bearer {key}"}

@@ -194,7 +194,7 @@ def test_a_racing_create_waits_for_the_other_and_is_refused(
     with get_sessionmaker()() as session:
         job, created = create_job(session, project_of(pg_stack, pg_api),
                                   JobCreate.model_validate(pg_job_body()),
-                                  settings=get_settings(), idempotency_key="same-key")
+                                  settings=get_settings(), hub={}, idempotency_key="same-key")
         assert created  # and not committed yet
         racer = Racer(pg_api, "/api/jobs", pg_job_body(), **({"Idempotency-Key": key} if key else {}))
         racer.start()

@@ -6,6 +6,15 @@ from pydantic import ValidationError
 from app.settings import DEFAULT_SECRET_KEY, Settings, warn_if_default_secret_key
 
 
+@pytest.fixture(autouse=True)
+def _no_specdeck_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defaults, whatever an earlier test in this process configured (conftest.configure)."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("SPECDECK_")]:
+        monkeypatch.delenv(name)
+
+
 def test_development_accepts_the_defaults() -> None:
     settings = Settings(_env_file=None)
     assert settings.database_url.startswith("sqlite:///")
