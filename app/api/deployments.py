@@ -7,14 +7,17 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
 from app.services import deployments as service
 
-router = APIRouter(prefix="/api/deployments", tags=["deployments"])
+router = APIRouter(prefix="/api/deployments", tags=["deployments"],
+                   responses=error_responses(401, 422, 503))
 
 
-@router.post("", status_code=201, response_model=DeploymentOut)
+@router.post("", status_code=201, response_model=DeploymentOut,
+             responses=error_responses(400, 409, 413, 429))
 def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
                       settings: SettingsDep) -> DeploymentOut:
     return service.deployment_out(service.create_deployment(session, key.project_id, body, settings))
@@ -30,12 +33,14 @@ def list_deployments(key: CurrentKey, session: SessionDep,
                 last_id=rows[-1].id if rows else None)
 
 
-@router.get("/{deployment_id}", response_model=DeploymentOut)
+@router.get("/{deployment_id}", response_model=DeploymentOut,
+            responses=error_responses(404))
 def get_deployment(deployment_id: str, key: CurrentKey, session: SessionDep) -> DeploymentOut:
     return service.deployment_out(service.get_deployment(session, key.project_id, deployment_id))
 
 
-@router.delete("/{deployment_id}", response_model=DeploymentOut)
+@router.delete("/{deployment_id}", response_model=DeploymentOut,
+               responses=error_responses(404))
 def delete_deployment(deployment_id: str, key: CurrentKey, session: SessionDep,
                       settings: SettingsDep) -> DeploymentOut:
     return service.deployment_out(

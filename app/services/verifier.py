@@ -9,7 +9,7 @@ from typing import Any
 
 from app.errors import APIError
 from app.schemas.jobs import HF_REPO_ID
-from app.services.paths import looks_like_path, resolve_under
+from app.services.paths import exists, looks_like_path, resolve_under
 from app.settings import Settings
 
 
@@ -46,7 +46,7 @@ def read_config(reference: str, *, settings: Settings, token: str | None = None,
     """A model's config.json: from a directory under the models root, or from the Hub.
     Returns (what to hand to servers and trainers, "local" or "hub", the config)."""
     models_root = settings.models_root
-    if looks_like_path(reference) or (models_root / reference).exists():
+    if looks_like_path(reference) or exists(models_root / reference):
         path = resolve_under(models_root, reference, param=param, what="models")
         # The file too: a config.json linked to a file out of the root is refused.
         config_file = resolve_under(models_root, str(path / "config.json"), param=param,
@@ -55,7 +55,7 @@ def read_config(reference: str, *, settings: Settings, token: str | None = None,
             raise APIError(422, f"{param} '{reference}' has no config.json under the models root",
                            code=f"{param}_not_found", param=param)
         return str(path), "local", load_config(config_file, reference, param=param)
-    if not HF_REPO_ID.match(reference):
+    if not HF_REPO_ID.fullmatch(reference):
         raise APIError(422, f"{param} must be a Hugging Face id ('org/name') or a path under the "
                        "models root", code=f"invalid_{param}", param=param)
     from huggingface_hub import hf_hub_download
