@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
 from app.errors import APIError, error_responses
 from app.schemas.common import NO_NUL, Page, inline_schema, nul_in
 from app.schemas.datasets import NAME_MAX, DatasetOut, PublicDatasetCreate
@@ -42,9 +43,12 @@ _REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
 }}}
 
 
+_LINKS = links("dataset_id", ("get", "/api/datasets/{dataset_id}"),
+               ("delete", "/api/datasets/{dataset_id}"))
 _RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: _LINKS,
     200: {"model": DatasetOut, "description": "The same upload, or the same public dataset, "
-          "again: the dataset made before"},
+          "again: the dataset made before", **_LINKS},
     **error_responses(400, 413, 415, 429),
 }
 

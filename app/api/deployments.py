@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
 from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
@@ -17,7 +18,9 @@ router = APIRouter(prefix="/api/deployments", tags=["deployments"],
 
 
 @router.post("", status_code=201, response_model=DeploymentOut,
-             responses=error_responses(400, 409, 413, 429))
+             responses={201: links("deployment_id", ("get", "/api/deployments/{deployment_id}"),
+                                   ("delete", "/api/deployments/{deployment_id}")),
+                        **error_responses(400, 409, 413, 429)})
 def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
                       settings: SettingsDep) -> DeploymentOut:
     return service.deployment_out(service.create_deployment(session, key.project_id, body, settings))
@@ -39,8 +42,10 @@ def get_deployment(deployment_id: str, key: CurrentKey, session: SessionDep) -> 
     return service.deployment_out(service.get_deployment(session, key.project_id, deployment_id))
 
 
-@router.delete("/{deployment_id}", response_model=DeploymentOut,
-               responses=error_responses(404))
+@router.delete("/{deployment_id}", response_model=DeploymentOut, responses={
+    200: {"description": "Stopping: a pending deployment is stopped at once, a starting or ready "
+          "one moves to stopping, then stopped. Its record stays readable."},
+    **error_responses(404)})
 def delete_deployment(deployment_id: str, key: CurrentKey, session: SessionDep,
                       settings: SettingsDep) -> DeploymentOut:
     return service.deployment_out(

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
 from app.db import get_sessionmaker
 from app.errors import error_responses
 from app.schemas.common import Page
@@ -22,10 +23,15 @@ router = APIRouter(prefix="/api/jobs", tags=["jobs"], responses=error_responses(
 JOB_ID = r"^job_[0-9a-f]{24}$"
 Limit = Annotated[int, Query(ge=1, le=100)]
 BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client error, not a 500
+_JOB_LINKS = links("job_id", *(("get", f"/api/jobs/{{job_id}}{tail}") for tail in (
+    "", "/events", "/events/stream", "/metrics", "/checkpoints", "/logs", "/plan")),
+    ("post", "/api/jobs/{job_id}/cancel"))
 _CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: _JOB_LINKS,
     200: {"model": JobOut, "description": "A replay: the job that this Idempotency-Key and body "
           "created before", "headers": {"Idempotent-Replayed": {
-              "description": "Always \"true\"", "schema": {"type": "string", "enum": ["true"]}}}},
+              "description": "Always \"true\"", "schema": {"type": "string", "enum": ["true"]}}},
+          **_JOB_LINKS},
     **error_responses(400, 413, 429),
 }
 
@@ -72,9 +78,20 @@ def list_events(job_id: str, key: CurrentKey, session: SessionDep, limit: Limit 
                 has_more=has_more, last_id=events[-1].id if events else None)
 
 
+_JSON_OF = {"type": "string", "contentMediaType": "application/json"}
+_STREAM_EVENTS = {"oneOf": [  # what _follow sends (its keep-alive comments are no events)
+    {"type": "object", "required": ["id", "event", "data"], "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"const": "job.event"},
+        "data": {**_JSON_OF, "contentSchema": {"$ref": "#/components/schemas/EventOut"}}}},
+    {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"const": "end"}, "data": {**_JSON_OF, "contentSchema": {"const": {}}}}},
+]}
+
+
 @router.get("/{job_id}/events/stream", response_class=StreamingResponse, responses={
-    200: {"description": "One ``data:`` line per event (an EventOut), with its id",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    200: {"description": "Server-sent events: one ``job.event`` per event (an EventOut), then "
+          "``end`` once the job has ended",
+          "content": {"text/event-stream": {"itemSchema": _STREAM_EVENTS}}},
     **error_responses(404)})
 def stream_events(job_id: str, key: CurrentKey, session: SessionDep, request: Request,
                   last_event_id: Annotated[int | None, Header(ge=0, le=BIGINT_MAX)] = None

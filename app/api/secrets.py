@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
 from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.secrets import SecretOut, SecretPut
@@ -18,7 +19,9 @@ router = APIRouter(prefix="/api/secrets", tags=["secrets"], responses=error_resp
 Name = Annotated[str, Path(json_schema_extra={"pattern": service.NAME.pattern})]
 
 
-@router.put("/{name}", response_model=SecretOut, responses=error_responses(400, 413, 422))
+@router.put("/{name}", response_model=SecretOut, responses={
+    200: links("name", ("delete", "/api/secrets/{name}"), field="name"),
+    **error_responses(400, 413, 422)})
 def put_secret(name: Name, body: SecretPut, key: CurrentKey, session: SessionDep,
                settings: SettingsDep) -> SecretOut:
     secret = service.put_secret(session, key.project_id, name, body.value, settings)
