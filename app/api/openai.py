@@ -43,11 +43,12 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request, Response, Security
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.deps import bearer
 from app.errors import APIError, ErrorResponse, error_body, error_response, error_responses
 from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
@@ -67,7 +68,7 @@ from app.services.gateway import (
 from app.services.state import DeploymentStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"], lifespan=gateway_lifespan,
-                   responses=error_responses(401, 429, 503))
+                   dependencies=[Security(bearer)], responses=error_responses(401, 429, 503))
 
 _WWW_AUTH = {"WWW-Authenticate": "Bearer"}
 _NOT_READY = frozenset({DeploymentStatus.PENDING.value, DeploymentStatus.STARTING.value})

@@ -137,3 +137,14 @@ def test_every_reference_resolves(document) -> None:
     body = document["paths"]["/v1/chat/completions"]["post"]["requestBody"]
     options = body["content"]["application/json"]["schema"]["properties"]["stream_options"]
     assert options["anyOf"][0]["properties"]["include_usage"]
+
+
+def test_every_route_but_the_probes_declares_the_bearer_key(document) -> None:
+    assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    open_routes = {(path, method) for path, operations in document["paths"].items()
+                   for method, operation in operations.items() if "security" not in operation}
+    assert open_routes == {("/healthz", "get"), ("/readyz", "get")}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if (path, method) not in open_routes:
+                assert "401" in operation["responses"], (path, method)
