@@ -8,7 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.db import UNAVAILABLE
 
@@ -27,6 +29,44 @@ _TYPES = {
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape, as the OpenAPI document declares it."""
+
+    error: ErrorDetail
+
+
+# What each status means when a route answers it, for the OpenAPI document.
+_MEANINGS = {
+    400: "The body could not be parsed",
+    401: "Missing or invalid API key",
+    404: "No such resource in the caller's project",
+    409: "The resource's current state does not allow this",
+    413: "The request body is over the size limit",
+    415: "Unsupported Content-Type",
+    422: "Invalid request: the field is named in error.param",
+    429: "Over a rate limit or quota; retry after Retry-After seconds",
+    502: "The model server failed",
+    503: "A dependency is unreachable; retry after Retry-After seconds",
+    504: "The model server did not answer in time",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying",
+                                "schema": {"type": "string"}}}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of the errors a route can answer, all in the one shape."""
+    return {status: {"model": ErrorResponse, "description": _MEANINGS[status],
+                     **({"headers": _RETRY_AFTER} if status in (429, 503) else {})}
+            for status in statuses}
 
 
 class APIError(Exception):
@@ -100,8 +140,10 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse(error_body(422, message, code=code, param=param), status_code=422)
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 405:
+        return _method_not_allowed(request)
+    code = {404: "not_found"}.get(exc.status_code)
     return JSONResponse(error_body(exc.status_code, str(exc.detail), code=code),
                         status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
@@ -120,6 +162,22 @@ def database_unavailable() -> APIError:
 async def _database_error(_: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
     return error_response(database_unavailable())
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _method_not_allowed(request: Request) -> JSONResponse:
+    """405 with every method the path answers in Allow: Starlette's own Allow names the methods
+    of the first route that matched the path only, and each method of a path is a route."""
+    path = {"type": "http", "path": request.scope["path"],
+            "root_path": request.scope.get("root_path", "")}
+    allowed = ", ".join(method for method in _METHODS if any(
+        route.matches({**path, "method": method})[0] is Match.FULL
+        for route in request.app.router.routes))
+    message = f"Method {request.method} is not allowed on {request.url.path}; use {allowed}"
+    return JSONResponse(error_body(405, message, code="method_not_allowed"), status_code=405,
+                        headers={"Allow": allowed})
 
 
 async def _unhandled(_: Request, exc: Exception) -> JSONResponse:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from fastapi import FastAPI
 
 from app.api import checkpoints, datasets, deployments, jobs, openai, secrets, service, workers
@@ -17,6 +20,7 @@ def create_app() -> FastAPI:
     app = FastAPI(title="SpecDeck", version="0.1.0",
                   description="Train and serve DFlash speculative-decoding drafters.")
     install_error_handlers(app)
+    app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
     for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints):
         app.include_router(module.router)
     # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.
@@ -25,3 +29,26 @@ def create_app() -> FastAPI:
                        overrides={"/api/datasets": max_upload_body_bytes(settings)})
     app.add_middleware(PrometheusMetrics)
     return app
+
+
+def _no_null_parameters(openapi: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """FastAPI's document, less the ``null`` that an optional parameter's schema allows: a query
+    parameter or header is left out, never sent as null (a client would send the text "null",
+    which is refused)."""
+
+    def document() -> dict[str, Any]:
+        schema = openapi()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for parameter in operation.get("parameters", ()):
+                    branches = parameter["schema"].get("anyOf")
+                    if branches and {"type": "null"} in branches:
+                        rest = [b for b in branches if b != {"type": "null"}]
+                        del parameter["schema"]["anyOf"]
+                        if len(rest) == 1:
+                            parameter["schema"].update(rest[0])
+                        else:
+                            parameter["schema"]["anyOf"] = rest
+        return schema
+
+    return document

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -15,32 +16,45 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
-from app.errors import APIError
-from app.schemas.common import NO_NUL, Page, nul_in
-from app.schemas.datasets import NAME_MAX, PUBLIC_DATASETS, DatasetOut, PublicDatasetCreate
+from app.api.links import links
+from app.errors import APIError, error_responses
+from app.schemas.common import NO_NUL, Page, inline_schema, nul_in
+from app.schemas.datasets import NAME_MAX, DatasetOut, PublicDatasetCreate
 from app.services import datasets as service
 
-router = APIRouter(prefix="/api/datasets", tags=["datasets"])
+router = APIRouter(prefix="/api/datasets", tags=["datasets"],
+                   responses=error_responses(401, 422, 503))
 
 DATASET_ID = service.DATASET_ID.pattern
 Limit = Annotated[int, Query(ge=1, le=100)]
 JSON_BODY_MAX = 64 * 1024
 
+# What _upload_fields accepts as the upload's name: not blank, and no NUL.
+UPLOAD_NAME = re.compile(r"^[^\x00]*[^\s\x00][^\x00]*$")
 _REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     "multipart/form-data": {"schema": {
-        "type": "object", "required": ["file"],
+        "type": "object", "required": ["file"], "additionalProperties": False,
         "properties": {"file": {"type": "string", "format": "binary",
                                 "description": "JSONL: one {\"messages\": [...]} (OpenAI) or "
                                                "{\"conversations\": [...]} (ShareGPT) per line"},
-                       "name": {"type": "string", "maxLength": NAME_MAX}}}},
-    "application/json": {"schema": {
-        "type": "object", "required": ["public"], "additionalProperties": False,
-        "properties": {"public": {"type": "string", "enum": list(PUBLIC_DATASETS)},
-                       "name": {"type": "string", "maxLength": NAME_MAX}}}},
+                       "name": {"type": "string", "maxLength": NAME_MAX,
+                                "pattern": UPLOAD_NAME.pattern}}}},
+    "application/json": {"schema": inline_schema(PublicDatasetCreate)},
 }}}
 
 
-@router.post("", status_code=201, response_model=DatasetOut, openapi_extra=_REQUEST_BODY)
+_LINKS = links("dataset_id", ("get", "/api/datasets/{dataset_id}"),
+               ("delete", "/api/datasets/{dataset_id}"))
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: _LINKS,
+    200: {"model": DatasetOut, "description": "The same upload, or the same public dataset, "
+          "again: the dataset made before", **_LINKS},
+    **error_responses(400, 413, 415, 429),
+}
+
+
+@router.post("", status_code=201, response_model=DatasetOut, responses=_RESPONSES,
+             openapi_extra=_REQUEST_BODY)
 async def create_dataset(request: Request, key: CurrentKey, session: SessionDep,
                          settings: SettingsDep, response: Response) -> Any:
     """Upload a JSONL file (validated line by line; the same content again returns the same
@@ -76,12 +90,13 @@ def list_datasets(key: CurrentKey, session: SessionDep, limit: Limit = 20,
                 last_id=rows[-1].id if rows else None)
 
 
-@router.get("/{dataset_id}", response_model=DatasetOut)
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=error_responses(404))
 def get_dataset(dataset_id: str, key: CurrentKey, session: SessionDep) -> DatasetOut:
     return service.dataset_out(service.get_dataset(session, key.project_id, dataset_id))
 
 
-@router.delete("/{dataset_id}", status_code=204, response_class=Response)
+@router.delete("/{dataset_id}", status_code=204, response_class=Response,
+               responses=error_responses(404, 409))
 def delete_dataset(dataset_id: str, key: CurrentKey, session: SessionDep) -> Response:
     service.delete_dataset(session, key.project_id, dataset_id)
     return Response(status_code=204)
@@ -97,11 +112,13 @@ def _upload_fields(items: list[tuple[str, UploadFile | str]]) -> tuple[UploadFil
                                param="file")
             upload = value
         elif field == "name":
-            if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX:
+            if not isinstance(value, str) or len(value) > NAME_MAX:
                 raise APIError(422, f"name must be 1-{NAME_MAX} characters", code="invalid_value",
                                param="name")
             if nul_in(value):
                 raise APIError(422, f"name {NO_NUL}", code="invalid_value", param="name")
+            if not UPLOAD_NAME.fullmatch(value):
+                raise APIError(422, "name must not be blank", code="invalid_value", param="name")
             name = value
         else:
             raise APIError(422, f"Unknown field '{field}'", code="unknown_field", param=field)

@@ -8,15 +8,21 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
+from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
 from app.services import deployments as service
 from app.services.hub import fetch_configs
 
-router = APIRouter(prefix="/api/deployments", tags=["deployments"])
+router = APIRouter(prefix="/api/deployments", tags=["deployments"],
+                   responses=error_responses(401, 422, 503))
 
 
-@router.post("", status_code=201, response_model=DeploymentOut)
+@router.post("", status_code=201, response_model=DeploymentOut,
+             responses={201: links("deployment_id", ("get", "/api/deployments/{deployment_id}"),
+                                   ("delete", "/api/deployments/{deployment_id}")),
+                        **error_responses(400, 409, 413, 429)})
 async def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
                             settings: SettingsDep) -> DeploymentOut:
     hub = await fetch_configs({"drafter": body.drafter, "verifier": body.verifier}, settings)
@@ -35,12 +41,16 @@ def list_deployments(key: CurrentKey, session: SessionDep,
                 last_id=rows[-1].id if rows else None)
 
 
-@router.get("/{deployment_id}", response_model=DeploymentOut)
+@router.get("/{deployment_id}", response_model=DeploymentOut,
+            responses=error_responses(404))
 def get_deployment(deployment_id: str, key: CurrentKey, session: SessionDep) -> DeploymentOut:
     return service.deployment_out(service.get_deployment(session, key.project_id, deployment_id))
 
 
-@router.delete("/{deployment_id}", response_model=DeploymentOut)
+@router.delete("/{deployment_id}", response_model=DeploymentOut, responses={
+    200: {"description": "Stopping: a pending deployment is stopped at once, a starting or ready "
+          "one moves to stopping, then stopped. Its record stays readable."},
+    **error_responses(404)})
 def delete_deployment(deployment_id: str, key: CurrentKey, session: SessionDep,
                       settings: SettingsDep) -> DeploymentOut:
     return service.deployment_out(

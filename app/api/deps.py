@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.db import session_scope
@@ -27,7 +28,13 @@ SessionDep = Annotated[Session, Depends(get_db, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def current_key(request: Request, session: SessionDep) -> ApiKey:
+# The scheme, for the OpenAPI document (and its clients); the key is read and checked below and
+# by the gateway, which answer 401 in the one error shape.
+bearer = HTTPBearer(auto_error=False, description="An API key: `specdeck keys create`")
+BearerScheme = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+
+
+def current_key(request: Request, session: SessionDep, _: BearerScheme) -> ApiKey:
     header = request.headers.get("authorization")
     if not header:
         raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",

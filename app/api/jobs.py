@@ -4,28 +4,41 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
 from app.db import get_sessionmaker
+from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.jobs import CheckpointOut, EventOut, JobCreate, JobOut, MetricOut, PlanOut
 from app.services import jobs as service
 from app.services.hub import fetch_configs
 from app.services.state import TERMINAL, JobStatus
 
-router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+router = APIRouter(prefix="/api/jobs", tags=["jobs"], responses=error_responses(401, 422, 503))
 
 JOB_ID = r"^job_[0-9a-f]{24}$"
 Limit = Annotated[int, Query(ge=1, le=100)]
 BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client error, not a 500
+_JOB_LINKS = links("job_id", *(("get", f"/api/jobs/{{job_id}}{tail}") for tail in (
+    "", "/events", "/events/stream", "/metrics", "/checkpoints", "/logs", "/plan")),
+    ("post", "/api/jobs/{job_id}/cancel"))
+_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: _JOB_LINKS,
+    200: {"model": JobOut, "description": "A replay: the job that this Idempotency-Key and body "
+          "created before", "headers": {"Idempotent-Replayed": {
+              "description": "Always \"true\"", "schema": {"type": "string", "enum": ["true"]}}},
+          **_JOB_LINKS},
+    **error_responses(400, 413, 429),
+}
 
 
-@router.post("", status_code=201, response_model=JobOut)
+@router.post("", status_code=201, response_model=JobOut, responses=_CREATE_RESPONSES)
 async def create_job(body: JobCreate, key: CurrentKey, session: SessionDep,
                      settings: SettingsDep, response: Response,
                      idempotency_key: Annotated[str | None, Header(max_length=255)] = None
@@ -50,17 +63,18 @@ def list_jobs(key: CurrentKey, session: SessionDep, limit: Limit = 20,
                 last_id=jobs[-1].id if jobs else None)
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
 def get_job(job_id: str, key: CurrentKey, session: SessionDep) -> JobOut:
     return service.job_out(service.get_job(session, key.project_id, job_id))
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut)
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409))
 def cancel_job(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep) -> JobOut:
     return service.job_out(service.cancel_job(session, key.project_id, job_id, settings))
 
 
-@router.get("/{job_id}/events", response_model=Page[EventOut])
+@router.get("/{job_id}/events", response_model=Page[EventOut],
+            responses=error_responses(404))
 def list_events(job_id: str, key: CurrentKey, session: SessionDep, limit: Limit = 100,
                 after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX)] = None) -> Page[EventOut]:
     job = service.get_job(session, key.project_id, job_id)
@@ -69,7 +83,21 @@ def list_events(job_id: str, key: CurrentKey, session: SessionDep, limit: Limit 
                 has_more=has_more, last_id=events[-1].id if events else None)
 
 
-@router.get("/{job_id}/events/stream", response_class=StreamingResponse)
+_JSON_OF = {"type": "string", "contentMediaType": "application/json"}
+_STREAM_EVENTS = {"oneOf": [  # what _follow sends (its keep-alive comments are no events)
+    {"type": "object", "required": ["id", "event", "data"], "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"const": "job.event"},
+        "data": {**_JSON_OF, "contentSchema": {"$ref": "#/components/schemas/EventOut"}}}},
+    {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"const": "end"}, "data": {**_JSON_OF, "contentSchema": {"const": {}}}}},
+]}
+
+
+@router.get("/{job_id}/events/stream", response_class=StreamingResponse, responses={
+    200: {"description": "Server-sent events: one ``job.event`` per event (an EventOut), then "
+          "``end`` once the job has ended",
+          "content": {"text/event-stream": {"itemSchema": _STREAM_EVENTS}}},
+    **error_responses(404)})
 def stream_events(job_id: str, key: CurrentKey, session: SessionDep, request: Request,
                   last_event_id: Annotated[int | None, Header(ge=0, le=BIGINT_MAX)] = None
                   ) -> StreamingResponse:
@@ -105,7 +133,8 @@ def _poll_events(job_id: str, project_id: str, after: int | None) -> tuple[list,
         return events, JobStatus(job.status) in TERMINAL
 
 
-@router.get("/{job_id}/metrics", response_model=Page[MetricOut])
+@router.get("/{job_id}/metrics", response_model=Page[MetricOut],
+            responses=error_responses(404))
 def list_metrics(job_id: str, key: CurrentKey, session: SessionDep,
                  name: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None
                  ) -> Page[MetricOut]:
@@ -115,7 +144,8 @@ def list_metrics(job_id: str, key: CurrentKey, session: SessionDep,
                 has_more=False, last_id=None)
 
 
-@router.get("/{job_id}/checkpoints", response_model=Page[CheckpointOut])
+@router.get("/{job_id}/checkpoints", response_model=Page[CheckpointOut],
+            responses=error_responses(404))
 def list_checkpoints(job_id: str, key: CurrentKey, session: SessionDep) -> Page[CheckpointOut]:
     job = service.get_job(session, key.project_id, job_id)
     checkpoints = service.list_checkpoints(session, job)
@@ -123,7 +153,12 @@ def list_checkpoints(job_id: str, key: CurrentKey, session: SessionDep) -> Page[
                 has_more=False, last_id=checkpoints[-1].id if checkpoints else None)
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse)
+# response_class Response: the errors are JSON (a PlainTextResponse class would declare them
+# text/plain); the log itself is declared here and returned as a PlainTextResponse.
+@router.get("/{job_id}/logs", response_class=Response, responses={
+    200: {"description": "The log's last lines", "content": {"text/plain": {
+        "schema": {"type": "string"}}}},
+    **error_responses(404)})
 def get_logs(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep,
              tail: Annotated[int, Query(ge=1, le=10_000)] = 200) -> PlainTextResponse:
     """The last ``tail`` lines of the job's log (all its processes; secrets redacted)."""
@@ -131,7 +166,7 @@ def get_logs(job_id: str, key: CurrentKey, session: SessionDep, settings: Settin
     return PlainTextResponse(service.job_log_tail(job, settings, tail))
 
 
-@router.get("/{job_id}/plan", response_model=PlanOut)
+@router.get("/{job_id}/plan", response_model=PlanOut, responses=error_responses(404))
 def get_plan(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep) -> PlanOut:
     job = service.get_job(session, key.project_id, job_id)
     return PlanOut.model_validate(service.job_plan(job, settings))

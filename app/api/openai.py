@@ -43,12 +43,14 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request, Response, Security
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import APIError, error_body, error_response
+from app.api.deps import bearer
+from app.errors import APIError, ErrorResponse, error_body, error_response, error_responses
+from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.gateway import (
     Caller,
@@ -65,7 +67,8 @@ from app.services.gateway import (
 )
 from app.services.state import DeploymentStatus
 
-router = APIRouter(prefix="/v1", tags=["openai"], lifespan=gateway_lifespan)
+router = APIRouter(prefix="/v1", tags=["openai"], lifespan=gateway_lifespan,
+                   dependencies=[Security(bearer)], responses=error_responses(401, 429, 503))
 
 _WWW_AUTH = {"WWW-Authenticate": "Bearer"}
 _NOT_READY = frozenset({DeploymentStatus.PENDING.value, DeploymentStatus.STARTING.value})
@@ -363,7 +366,8 @@ async def list_models(request: Request) -> ModelList:
                            for r in routes.ready])
 
 
-@router.get("/models/{model:path}", response_model=Model)
+@router.get("/models/{model:path}", response_model=Model,
+            responses=error_responses(404, 422))
 async def retrieve_model(model: str, request: Request) -> Model:
     gateway = get_gateway(request.app)
     caller = await authenticate(gateway, request.headers.get("authorization"))
@@ -387,10 +391,19 @@ class Served(Response):
         await self.serve(scope, receive, send)
 
 
-@router.post("/chat/completions", openapi_extra={"requestBody": {
-    "required": True,
-    "content": {_JSON: {"schema": ChatCompletionRequest.model_json_schema(
-        ref_template="#/components/schemas/{model}")}}}})
+_CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The completion; with \"stream\": true, server-sent events ending with "
+          "data: [DONE]", "content": {_JSON: {"schema": {"type": "object"}},
+                                      "text/event-stream": {"schema": {"type": "string"}}}},
+    **error_responses(400, 404, 413, 502, 504),
+    "4XX": {"model": ErrorResponse,
+            "description": "The model server's own 4xx answer, relayed in the one error shape"},
+}
+_CHAT_BODY = {"requestBody": {"required": True, "content": {
+    _JSON: {"schema": inline_schema(ChatCompletionRequest)}}}}
+
+
+@router.post("/chat/completions", responses=_CHAT_RESPONSES, openapi_extra=_CHAT_BODY)
 async def chat_completions() -> Response:
     """Declared for the OpenAPI document; ``GatewayFastPath`` serves this path before routing.
     Reached only if the path arrives some other way, with the same function."""

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.links import links
+from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.secrets import SecretOut, SecretPut
 from app.services import secrets as service
 
-router = APIRouter(prefix="/api/secrets", tags=["secrets"])
+router = APIRouter(prefix="/api/secrets", tags=["secrets"], responses=error_responses(401, 503))
+
+# Checked by the service (with a message that says what a name may hold); declared here.
+Name = Annotated[str, Path(json_schema_extra={"pattern": service.NAME.pattern})]
 
 
-@router.put("/{name}", response_model=SecretOut)
-def put_secret(name: str, body: SecretPut, key: CurrentKey, session: SessionDep,
+@router.put("/{name}", response_model=SecretOut, responses={
+    200: links("name", ("delete", "/api/secrets/{name}"), field="name"),
+    **error_responses(400, 413, 422)})
+def put_secret(name: Name, body: SecretPut, key: CurrentKey, session: SessionDep,
                settings: SettingsDep) -> SecretOut:
     secret = service.put_secret(session, key.project_id, name, body.value, settings)
     return SecretOut.model_validate(secret, from_attributes=True)
@@ -26,7 +35,8 @@ def list_secrets(key: CurrentKey, session: SessionDep) -> Page[SecretOut]:
                 has_more=False, last_id=None)
 
 
-@router.delete("/{name}", status_code=204)
-def delete_secret(name: str, key: CurrentKey, session: SessionDep) -> Response:
+@router.delete("/{name}", status_code=204, response_class=Response,
+               responses=error_responses(404, 422))
+def delete_secret(name: Name, key: CurrentKey, session: SessionDep) -> Response:
     service.delete_secret(session, key.project_id, name)
     return Response(status_code=204)

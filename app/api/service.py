@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.db import get_engine
-from app.errors import APIError
+from app.errors import APIError, error_responses
 
 router = APIRouter(tags=["service"])
 
@@ -31,7 +31,7 @@ def _check_broker() -> None:
         conn.ensure_connection(max_retries=1, timeout=2)
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=error_responses(503))
 async def readyz() -> dict[str, object]:
     checks = {}
     for name, check in (("database", _check_database), ("broker", _check_broker)):

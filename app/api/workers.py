@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.workers import WorkerOut
 from app.services import workers as service
 
-router = APIRouter(prefix="/api/workers", tags=["workers"])
+router = APIRouter(prefix="/api/workers", tags=["workers"], responses=error_responses(401, 503))
 
 
 @router.get("", response_model=Page[WorkerOut])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.schemas.common import Strict
 
@@ -14,8 +14,23 @@ class DeploymentResources(Strict):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
 
 
+# The one-source rule of DeploymentCreate._one_source, for the OpenAPI document: a field left
+# out and a field sent as null are the same.
+_ONE_SOURCE = {"oneOf": [
+    {"title": "A checkpoint of a job", "required": ["checkpoint_id"],
+     "properties": {"checkpoint_id": {"type": "string"}, "drafter": {"type": "null"},
+                    "verifier": {"type": "null"}}},
+    {"title": "A drafter with its verifier", "required": ["drafter", "verifier"],
+     "properties": {"checkpoint_id": {"type": "null"}, "drafter": {"type": "string"},
+                    "verifier": {"type": "string"}}},
+]}
+
+
 class DeploymentCreate(Strict):
-    """A drafter to serve: a checkpoint of a job, or a Hub drafter id plus its verifier."""
+    """A drafter to serve: a checkpoint of a job, or a drafter (a Hub id or a path under the
+    models root) plus its verifier."""
+
+    model_config = ConfigDict(json_schema_extra=_ONE_SOURCE)
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
     checkpoint_id: str | None = Field(None, pattern=r"^ckpt_[0-9a-f]{24}$")

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from app.schemas.common import Strict
+
+# Matched whole (fullmatch: "$" alone would let a trailing newline through); the same text is the
+# JSON Schema "pattern", whose "$" is the end of the string.
 HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+def _repo_id(value: str) -> str:
+    if not HF_REPO_ID.fullmatch(value):
+        raise ValueError("must be a Hugging Face repo id such as 'org/name'")
+    return value
+
+
+# Checked here with a clear message; declared as a pattern in the OpenAPI document.
+RepoId = Annotated[str, Field(max_length=200, json_schema_extra={"pattern": HF_REPO_ID.pattern}),
+                   AfterValidator(_repo_id)]
 
 
 class SpeculatorSpec(Strict):
@@ -56,13 +71,6 @@ class EvaluateSpec(Strict):
     # (the last N epochs; the one with the highest served acceptance length is kept).
     checkpoints: str = Field("best", pattern=r"^(best|last:[1-9][0-9]{0,2})$")
 
-    @field_validator("baseline", "ngram", mode="before")
-    @classmethod
-    def _strict_bool(cls, value: Any) -> Any:
-        if not isinstance(value, bool):
-            raise ValueError("must be true or false")
-        return value
-
     def last_epochs(self) -> int | None:
         """N of "last:N", None for "best"."""
         match = LAST_N.match(self.checkpoints)
@@ -92,6 +100,20 @@ class GateSpec(Strict):
     beat_ngram: bool = False
 
 
+METADATA_KEY_MAX, METADATA_VALUE_MAX = 64, 512
+
+
+def _model_or(*others: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """The JSON schema of a model field whose before-validator also takes ``others`` (true or
+    false for a switch; null): the model's $ref, or one of them."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        model = next(branch for branch in schema["anyOf"] if "$ref" in branch)
+        schema["anyOf"] = [model, *others]
+
+    return extra
+
+
 class JobCreate(Strict):
     verifier: str = Field(min_length=1, max_length=512)
     dataset: str = Field(min_length=1, max_length=512)
@@ -99,15 +121,19 @@ class JobCreate(Strict):
     mode: Literal["online", "offline", "hybrid"] = "online"
     resources: Resources = Field(default_factory=Resources)
     runtime: Literal["vllm", "local"] | None = None
-    publish: str | None = Field(None, max_length=200)
+    publish: RepoId | None = None
     # After training, the best checkpoint served on held-out prompts (workers/pipeline/
     # evaluate.py). false skips it; true or {} uses the defaults.
-    evaluate: EvaluateSpec | None = Field(default_factory=EvaluateSpec)
+    evaluate: EvaluateSpec | None = Field(default_factory=EvaluateSpec,
+                                          json_schema_extra=_model_or({"type": "boolean"}))
     data: DataSpec = Field(default_factory=DataSpec)
     # The acceptance gate; default on the vllm runtime {"min_speedup": 1.0}, none on local;
     # false: no gate.
-    gate: GateSpec | None = None
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    gate: GateSpec | None = Field(None, json_schema_extra=_model_or({"const": False},
+                                                                     {"type": "null"}))
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra={
+        "propertyNames": {"minLength": 1, "maxLength": METADATA_KEY_MAX},
+        "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX}})
 
     @field_validator("evaluate", mode="before")
     @classmethod
@@ -130,19 +156,13 @@ class JobCreate(Strict):
             return value
         raise ValueError("must be an object such as {\"min_acceptance_length\": 2.5}, or false")
 
-    @field_validator("publish")
-    @classmethod
-    def _repo_id(cls, value: str | None) -> str | None:
-        if value is not None and not HF_REPO_ID.match(value):
-            raise ValueError("must be a Hugging Face repo id such as 'org/name'")
-        return value
-
     @field_validator("metadata")
     @classmethod
     def _metadata_sizes(cls, value: dict[str, str]) -> dict[str, str]:
         for key, item in value.items():
-            if not 1 <= len(key) <= 64 or len(item) > 512:
-                raise ValueError("keys must be 1-64 characters and values at most 512")
+            if not 1 <= len(key) <= METADATA_KEY_MAX or len(item) > METADATA_VALUE_MAX:
+                raise ValueError(f"keys must be 1-{METADATA_KEY_MAX} characters and values at "
+                                 f"most {METADATA_VALUE_MAX}")
         return value
 
 
@@ -226,15 +246,8 @@ class CheckpointOut(BaseModel):
 
 
 class PublishRequest(Strict):
-    repo_id: str = Field(max_length=200)
+    repo_id: RepoId
     private: bool = True
-
-    @field_validator("repo_id")
-    @classmethod
-    def _repo_id(cls, value: str) -> str:
-        if not HF_REPO_ID.match(value):
-            raise ValueError("must be a Hugging Face repo id such as 'org/name'")
-        return value
 
 
 class StagePlanOut(BaseModel):

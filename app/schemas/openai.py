@@ -36,9 +36,10 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(description="The name of a ready deployment of the caller's project.")
+    model: str = Field(min_length=1,
+                       description="The name of a ready deployment of the caller's project.")
     messages: list[dict[str, Any]]
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = Field(None, description="Only 1 is supported.")
     max_tokens: int | None = Field(None, ge=1, description="At most SPECDECK_GATEWAY_MAX_TOKENS "

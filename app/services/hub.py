@@ -21,7 +21,7 @@ from huggingface_hub.utils import build_hf_headers
 
 from app.errors import APIError
 from app.schemas.jobs import HF_REPO_ID
-from app.services.paths import looks_like_path
+from app.services.paths import exists, looks_like_path
 from app.settings import Settings
 
 CONFIG = "config.json"
@@ -31,8 +31,8 @@ _cache: dict[tuple[str, str], tuple[float, bytes]] = {}
 
 def is_hub_reference(reference: str, settings: Settings) -> bool:
     """A Hub id ("org/name") that is not a directory under the models root."""
-    return (not looks_like_path(reference) and not (settings.models_root / reference).exists()
-            and HF_REPO_ID.match(reference) is not None)
+    return (not looks_like_path(reference) and not exists(settings.models_root / reference)
+            and HF_REPO_ID.fullmatch(reference) is not None)
 
 
 async def fetch_configs(references: Mapping[str, str | None],

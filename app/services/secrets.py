@@ -19,6 +19,8 @@ from app.db.models import Secret, utcnow
 from app.errors import APIError
 from app.settings import Settings
 
+# Matched whole (fullmatch: "$" alone would let a trailing newline through); the same text is the
+# path parameter's pattern in the OpenAPI document.
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 HF_TOKEN = "HF_TOKEN"
 
@@ -34,7 +36,7 @@ def cipher(settings: Settings) -> MultiFernet:
 
 
 def check_name(name: str) -> str:
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise APIError(422, "secret names are 1-64 letters, digits and underscores, not starting "
                        "with a digit", code="invalid_secret_name", param="name")
     return name

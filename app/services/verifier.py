@@ -10,7 +10,7 @@ from typing import Any
 
 from app.errors import APIError
 from app.services.hub import is_hub_reference
-from app.services.paths import looks_like_path, resolve_under
+from app.services.paths import exists, looks_like_path, resolve_under
 from app.settings import Settings
 
 
@@ -58,7 +58,7 @@ def read_config(reference: str, *, settings: Settings, hub: Mapping[str, bytes],
     Returns (what to hand to servers and trainers, "local" or "hub", the config)."""
     if is_hub_reference(reference, settings):
         return reference, "hub", parse_config(hub[reference], reference, param=param)
-    if not looks_like_path(reference) and not (settings.models_root / reference).exists():
+    if not looks_like_path(reference) and not exists(settings.models_root / reference):
         raise APIError(422, f"{param} must be a Hugging Face id ('org/name') or a path under the "
                        "models root", code=f"invalid_{param}", param=param)
     models_root = settings.models_root
