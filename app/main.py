@@ -6,23 +6,32 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from app.api import checkpoints, datasets, deployments, jobs, openai, secrets, service, workers
+from app.dashboard import DashboardRoute
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, PrometheusMetrics
 from app.services.datasets import max_upload_body_bytes
 from app.settings import get_settings, warn_if_default_secret_key
 
 
+DOCS_ASSETS = "/docs/assets"
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
     warn_if_default_secret_key(settings)
-    app = FastAPI(title="SpecDeck", version="0.1.0",
-                  description="Train and serve DFlash speculative-decoding drafters.")
+    # /docs and /redoc with Swagger UI's and ReDoc's files served from here, not a CDN (air-gapped
+    # hosts), and no spec sent to Swagger's online validator.
+    app = FastAPIOffline(title="SpecDeck", version="0.1.0",
+                         description="Train and serve DFlash speculative-decoding drafters.",
+                         static_url=DOCS_ASSETS, swagger_ui_parameters={"validatorUrl": None})
     install_error_handlers(app)
     app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
     for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints):
         app.include_router(module.router)
+    app.router.routes.append(DashboardRoute(settings.dashboard_dir))  # last: it matches the rest
     # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.
     app.add_middleware(openai.GatewayFastPath)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,

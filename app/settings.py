@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SECRET_KEY = "dev-insecure-secret-key-change-me"
 VAR = Path("var")
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 class Settings(BaseSettings):
@@ -35,6 +36,9 @@ class Settings(BaseSettings):
     # Local copies of public dataset presets, "<preset>.jsonl" (conversations), read by data
     # regeneration instead of downloading the preset from the Hub (air-gapped hosts, tests).
     public_datasets_mirror: Path | None = None
+
+    # The dashboard's build (`npm run build` in frontend/), served at / (app/dashboard.py).
+    dashboard_dir: Path = REPOSITORY / "frontend" / "dist"
 
     # The runtime a job gets when it names none: "vllm" on GPU hosts, "local" on a laptop.
     default_runtime: Literal["vllm", "local"] = "vllm"

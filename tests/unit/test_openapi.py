@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from app.dashboard import is_api_path
 from app.main import create_app
 from app.schemas.common import NUL_FREE
 from app.schemas.jobs import HF_REPO_ID
@@ -148,3 +149,13 @@ def test_every_route_but_the_probes_declares_the_bearer_key(document) -> None:
         for method, operation in operations.items():
             if (path, method) not in open_routes:
                 assert "401" in operation["responses"], (path, method)
+
+
+def test_the_dashboard_and_the_docs_files_are_not_in_the_document(document) -> None:
+    """The static routes (app/dashboard.py, Swagger UI's and ReDoc's files) are left out, and
+    every documented path is one the dashboard's fallback leaves alone."""
+    paths = set(document["paths"])
+    assert "/healthz" in paths and "/v1/chat/completions" in paths
+    assert not [path for path in paths if not is_api_path(path) or path.startswith("/docs")]
+    assert all(path.startswith(("/api/", "/v1/")) or path in ("/healthz", "/readyz")
+               for path in paths)
