@@ -6,7 +6,14 @@ STAMP := $(VENV)/.installed
 # Extra pip arguments for torch, e.g. PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 PIP_TORCH_ARGS ?=
 
-.PHONY: run test install check-python services clean
+# The dashboard (frontend/): built by `make install` when frontend/package.json exists and
+# Node.js >= 20 is on PATH, again whenever one of its files changes; skipped otherwise: the API
+# runs without it, and `make run` says how to get it.
+DASHBOARD := frontend/dist/index.html
+DASHBOARD_FILES := $(shell find frontend -name node_modules -prune -o -name dist -prune -o -name '.*' -prune -o -type f -print 2>/dev/null)
+NODE_20 := node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)' 2>/dev/null
+
+.PHONY: run test install check-python services clean dashboard-hint
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "SpecDeck needs Python 3.11 or newer")'
@@ -22,9 +29,16 @@ $(STAMP): $(BIN)/python pyproject.toml requirements/local.txt requirements/specu
 	$(BIN)/pip install --quiet -c requirements/local.txt -e '.[local,test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(DASHBOARD): $(DASHBOARD_FILES)
+	@if [ -f frontend/package.json ] && $(NODE_20); then cd frontend && npm ci && npm run build; fi
 
-run: install
+install: $(STAMP) $(DASHBOARD)
+
+dashboard-hint: install
+	@if [ -f frontend/package.json ] && [ ! -f "$${SPECDECK_DASHBOARD_DIR:-frontend/dist}/index.html" ]; then \
+	  echo "Dashboard not built: put Node.js >= 20 on PATH and run 'make install' again (or: cd frontend && npm ci && npm run build); the API and /docs run without it."; fi
+
+run: install dashboard-hint
 	SPECDECK_DEFAULT_RUNTIME=$${SPECDECK_DEFAULT_RUNTIME:-local} $(BIN)/specdeck run
 
 services:
