@@ -1,10 +1,13 @@
-"""docker-compose.yml cannot run here (no Docker engine): parse it and check that it runs the
-same entry points as the Makefile, the CLI and the tests."""
+"""docker-compose.yml and the Dockerfile cannot run here (no Docker engine): parse them and
+check that they run the same entry points as the Makefile, the CLI and the tests, and that the
+image carries the dashboard where the API looks for it."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -66,3 +69,47 @@ def test_the_makefile_uses_the_same_cli() -> None:
     # `specdeck run` migrates, then starts API_COMMAND and WORKER_COMMAND (tests/e2e checks
     # the processes it starts).
     assert "$(BIN)/specdeck run" in makefile
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's stages, each a list of (INSTRUCTION, arguments)."""
+    stages: list[list[tuple[str, str]]] = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            instruction, _, arguments = line.strip().partition(" ")
+            if instruction.upper() == "FROM":
+                stages.append([])
+            stages[-1].append((instruction.upper(), arguments))
+    return stages
+
+
+def test_the_image_builds_the_dashboard_in_a_node_stage() -> None:
+    node, final = dockerfile_stages()
+    image, _, name = node[0][1].partition(" AS ")
+    version = re.fullmatch(r"node:(\d+)-slim", image)
+    assert version and int(version[1]) >= 20
+    (build,) = [arguments for instruction, arguments in node if instruction == "RUN"]
+    assert "npm ci && npm run build" in build and "[ -f package.json ]" in build
+    copies = [arguments.split() for instruction, arguments in final if instruction == "COPY"]
+    source, target = next(c[1:] for c in copies if c[0] == f"--from={name}")
+    workdir = Path(next(arguments for instruction, arguments in node if instruction == "WORKDIR"))
+    assert Path(source) == workdir / "dist"
+    # The API finds it where SPECDECK_DASHBOARD_DIR's default points: beside app/.
+    from app.settings import REPOSITORY, Settings
+
+    default = Settings.model_fields["dashboard_dir"].default
+    app_dir = Path(next(arguments for instruction, arguments in final if instruction == "WORKDIR"))
+    assert ["app", "./app"] in copies
+    assert app_dir / target == app_dir / default.relative_to(REPOSITORY)
+
+
+def test_the_node_stage_leaves_a_dist_folder_with_no_frontend_to_build(tmp_path: Path) -> None:
+    """COPY --from fails on a folder that is not there: with no package.json yet, the stage's
+    RUN (run here by sh, in a copy of frontend/) still leaves an empty dist/."""
+    node, _ = dockerfile_stages()
+    (build,) = [arguments for instruction, arguments in node if instruction == "RUN"]
+    frontend = tmp_path / "frontend"
+    shutil.copytree(ROOT / "frontend", frontend, ignore=shutil.ignore_patterns(
+        "package.json", "node_modules", "dist"))
+    subprocess.run(["sh", "-c", build], cwd=frontend, check=True, env={"PATH": "/usr/bin:/bin"})
+    assert (frontend / "dist").is_dir() and not list((frontend / "dist").iterdir())
