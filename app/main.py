@@ -7,7 +7,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api import checkpoints, datasets, deployments, jobs, openai, secrets, service, workers
+from app.api import (checkpoints, datasets, deployments, jobs, keys, openai, secrets, service,
+                     verifiers, workers)
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, PrometheusMetrics
 from app.services.datasets import max_upload_body_bytes
@@ -21,7 +22,8 @@ def create_app() -> FastAPI:
                   description="Train and serve DFlash speculative-decoding drafters.")
     install_error_handlers(app)
     app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
-    for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints):
+    for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints,
+                   keys, verifiers):
         app.include_router(module.router)
     # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.
     app.add_middleware(openai.GatewayFastPath)
