@@ -44,6 +44,11 @@ def component(document: dict[str, Any], name: str) -> dict[str, Any]:
     ("get", "/api/secrets", {"200", "401", "503"}),
     ("post", "/api/checkpoints/{checkpoint_id}/publish",
      {"202", "400", "401", "404", "409", "413", "422", "503"}),
+    ("post", "/api/jobs/plan", {"200", "400", "401", "413", "422", "503"}),
+    ("post", "/api/keys", {"201", "400", "401", "413", "422", "503"}),
+    ("get", "/api/keys", {"200", "401", "422", "503"}),
+    ("delete", "/api/keys/{key_id}", {"200", "401", "404", "422", "503"}),
+    ("post", "/api/verifiers/inspect", {"200", "400", "401", "413", "422", "503"}),
     ("get", "/readyz", {"200", "503"}),
     ("post", "/v1/chat/completions",
      {"200", "400", "401", "404", "413", "429", "4XX", "502", "503", "504"}),
@@ -148,3 +153,21 @@ def test_every_route_but_the_probes_declares_the_bearer_key(document) -> None:
         for method, operation in operations.items():
             if (path, method) not in open_routes:
                 assert "401" in operation["responses"], (path, method)
+
+
+def test_a_new_key_links_to_its_revocation_and_its_plaintext_is_declared_once(document) -> None:
+    created = responses(document, "post", "/api/keys")["201"]
+    assert list(created["links"].values()) == [{
+        "operationRef": "#/paths/~1api~1keys~1{key_id}/delete",
+        "parameters": {"key_id": "$response.body#/id"}}]
+    assert "key" in component(document, "KeyCreated")["required"]
+    assert "key" not in component(document, "KeyOut")["properties"]
+    revoke = document["paths"]["/api/keys/{key_id}"]["delete"]
+    assert "SPECDECK_GATEWAY_AUTH_CACHE_SECONDS" in revoke["description"]
+
+
+def test_a_dry_run_plan_has_no_job_id(document) -> None:
+    plan = responses(document, "post", "/api/jobs/plan")["200"]
+    assert error_schema(plan) == error_schema(responses(document, "get", "/api/jobs/{job_id}/plan")
+                                              ["200"]) == {"$ref": "#/components/schemas/PlanOut"}
+    assert {"type": "null"} in component(document, "PlanOut")["properties"]["job_id"]["anyOf"]
