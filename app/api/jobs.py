@@ -53,6 +53,18 @@ async def create_job(body: JobCreate, key: CurrentKey, session: SessionDep,
     return service.job_out(job)
 
 
+@router.post("/plan", response_model=PlanOut, responses=error_responses(400, 413))
+async def plan_job(body: JobCreate, key: CurrentKey, session: SessionDep,
+                   settings: SettingsDep) -> PlanOut:
+    """A dry run: the plan that ``GET /api/jobs/{id}/plan`` would show for the job this body
+    creates (the same checks and errors as ``POST /api/jobs``, the same builder), with nothing
+    written: no job, no event, no quota used. Its paths hold ``<job_id>`` and its GPUs are the
+    default placement, since the scheduler places a job only once it is created."""
+    hub = await fetch_configs({"verifier": body.verifier}, settings)  # before the unit of work
+    return PlanOut.model_validate(await run_in_threadpool(
+        service.dry_run_plan, session, key.project_id, body, settings=settings, hub=hub))
+
+
 @router.get("", response_model=Page[JobOut])
 def list_jobs(key: CurrentKey, session: SessionDep, limit: Limit = 20,
               after: Annotated[str | None, Query(pattern=JOB_ID)] = None,

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from app.schemas.common import Strict
+from app.schemas.verifiers import VerifierRef
 
 # Matched whole (fullmatch: "$" alone would let a trailing newline through); the same text is the
 # JSON Schema "pattern", whose "$" is the end of the string.
@@ -115,7 +116,7 @@ def _model_or(*others: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
 
 
 class JobCreate(Strict):
-    verifier: str = Field(min_length=1, max_length=512)
+    verifier: VerifierRef
     dataset: str = Field(min_length=1, max_length=512)
     speculator: SpeculatorSpec = Field(default_factory=SpeculatorSpec)
     mode: Literal["online", "offline", "hybrid"] = "online"
@@ -260,7 +261,8 @@ class StagePlanOut(BaseModel):
 
 class PlanOut(BaseModel):
     object: Literal["specdeck.plan"] = "specdeck.plan"
-    job_id: str
+    job_id: str | None = Field(description="Null in a dry run (POST /api/jobs/plan), whose "
+                               "paths hold <job_id> where the job's id will be")
     runtime: str
     layer_ids: dict[str, list[int]]
     gpus: dict[str, list[int]]

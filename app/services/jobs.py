@@ -36,12 +36,10 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: S
     speculator = body.speculator.model_dump()
     if body.speculator.target_layer_ids is None:
         layer_ids = default_layer_ids(verifier.num_hidden_layers)
-        try:
-            check_layer_ids(layer_ids, verifier.num_hidden_layers, param="speculator.target_layer_ids")
-        except APIError as exc:
+        if layer_ids is None:
             raise APIError(422, f"the verifier has only {verifier.num_hidden_layers} layers; "
                            "pass speculator.target_layer_ids explicitly",
-                           code="invalid_layer_ids", param="speculator.target_layer_ids") from exc
+                           code="invalid_layer_ids", param="speculator.target_layer_ids")
         speculator["target_layer_ids"] = layer_ids
     else:
         check_layer_ids(body.speculator.target_layer_ids, verifier.num_hidden_layers,
@@ -229,12 +227,30 @@ def job_log_tail(job: Job, settings: Settings, lines: int) -> str:
     return tail(JobPaths.for_job(settings, job.id).log, lines)
 
 
+# Where a dry run's paths hold the id the job will get, as plans hold "<port>" for the ports the
+# worker picks when it starts the servers.
+UNKNOWN_JOB_ID = "<job_id>"
+
+
 def job_plan(job: Job, settings: Settings) -> dict[str, Any]:
     placed = job.allocation or {}
     gpus = (placed["verifier"], placed["trainer"]) if "verifier" in placed else None
-    plan = build_plan(job.spec, JobPaths.for_job(settings, job.id), gpus=gpus)
+    return _plan(job.spec, settings, job.id, gpus)
+
+
+def dry_run_plan(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
+                 hub: Mapping[str, bytes]) -> dict[str, Any]:
+    """The plan of the job that ``body`` would create, checked and resolved as ``create_job``
+    does, with nothing written: no job, no event, no quota used. Its GPUs are the default
+    placement (the scheduler places a job once it is created); its paths hold ``<job_id>``."""
+    return _plan(resolve_spec(session, project_id, body, settings, hub), settings, None, None)
+
+
+def _plan(spec: dict[str, Any], settings: Settings, job_id: str | None,
+          gpus: tuple[list[int], list[int]] | None) -> dict[str, Any]:
+    plan = build_plan(spec, JobPaths.for_job(settings, job_id or UNKNOWN_JOB_ID), gpus=gpus)
     return {
-        "job_id": job.id,
+        "job_id": job_id,
         "runtime": plan.runtime,
         "layer_ids": {"verifier_server": plan.server_layer_ids, "trainer": plan.trainer_layer_ids},
         "gpus": {"verifier": plan.verifier_gpus, "trainer": plan.trainer_gpus},

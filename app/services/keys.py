@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import ApiKey, Project
+from app.db.models import ApiKey, Project, utcnow
+from app.errors import not_found
 
 KEY_PREFIX = "sdk-"
 VISIBLE_CHARS = 12
@@ -35,9 +36,13 @@ def get_or_create_project(session: Session, name: str) -> Project:
 
 
 def create_key(session: Session, project_name: str, name: str = "") -> NewKey:
-    project = get_or_create_project(session, project_name)
+    """A key for the project of that name (created if need be): ``specdeck keys create``."""
+    return add_key(session, get_or_create_project(session, project_name).id, name)
+
+
+def add_key(session: Session, project_id: str, name: str = "") -> NewKey:
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(project_id=project.id, name=name, prefix=plaintext[:VISIBLE_CHARS],
+    key = ApiKey(project_id=project_id, name=name, prefix=plaintext[:VISIBLE_CHARS],
                  key_hash=hash_key(plaintext))
     session.add(key)
     session.flush()
@@ -48,4 +53,26 @@ def authenticate(session: Session, plaintext: str) -> ApiKey | None:
     key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(plaintext))).first()
     if key is None or key.revoked_at is not None:
         return None
+    return key
+
+
+def list_keys(session: Session, project_id: str, *, limit: int,
+              after: str | None) -> tuple[list[ApiKey], bool]:
+    """The project's keys, revoked ones too, newest first."""
+    query = select(ApiKey).where(ApiKey.project_id == project_id)
+    if after is not None:
+        query = query.where(ApiKey.id < after)
+    rows = list(session.scalars(query.order_by(ApiKey.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
+    """Revoked at once for /api; idempotent (a revoked key keeps its first revoked_at)."""
+    key = session.scalars(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == project_id)
+                          .with_for_update()).first()
+    if key is None:
+        raise not_found("API key", key_id, param="key_id")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        session.flush()
     return key

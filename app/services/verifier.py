@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import APIError
+from app.schemas.verifiers import VerifierOut
 from app.services.hub import is_hub_reference
 from app.services.paths import exists, looks_like_path, resolve_under
 from app.settings import Settings
@@ -75,18 +76,28 @@ def resolve_verifier(reference: str, *, settings: Settings, hub: Mapping[str, by
     resolved, source, config = read_config(reference, settings=settings, hub=hub)
     text = _text_config(config)
     try:
-        return VerifierInfo(reference=resolved, source=source,
+        info = VerifierInfo(reference=resolved, source=source,
                             num_hidden_layers=int(text["num_hidden_layers"]),
                             hidden_size=int(text["hidden_size"]), vocab_size=int(text["vocab_size"]),
                             dtype=text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype"))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise APIError(422, f"verifier config.json lacks {exc}", code="invalid_verifier_config",
                        param="verifier") from exc
+    if info.dtype is not None and not isinstance(info.dtype, str):
+        raise APIError(422, "verifier config.json's torch_dtype is not a string",
+                       code="invalid_verifier_config", param="verifier")
+    return info
 
 
-def default_layer_ids(num_hidden_layers: int) -> list[int]:
+def default_layer_ids(num_hidden_layers: int) -> list[int] | None:
+    """The target layer ids a job gets unless it names its own: ``[2, n // 2, n - 3]``, or None
+    where the verifier is too shallow for them (they would not be distinct and inside it)."""
     n = num_hidden_layers
-    return [2, n // 2, n - 3]
+    layer_ids = [2, n // 2, n - 3]
+    try:
+        return check_layer_ids(layer_ids, n, param="speculator.target_layer_ids")
+    except APIError:
+        return None
 
 
 def check_layer_ids(layer_ids: list[int], num_hidden_layers: int, *, param: str) -> list[int]:
@@ -99,3 +110,14 @@ def check_layer_ids(layer_ids: list[int], num_hidden_layers: int, *, param: str)
         raise APIError(422, f"{param} must lie in 0 < id < {n} (the verifier has {n} layers)",
                        code="invalid_layer_ids", param=param)
     return layer_ids
+
+
+def inspect_verifier(reference: str, *, settings: Settings,
+                     hub: Mapping[str, bytes]) -> VerifierOut:
+    """What a job created with this verifier would record of it, and its default layer ids."""
+    verifier = resolve_verifier(reference, settings=settings, hub=hub)
+    return VerifierOut(verifier=reference, source=verifier.source,
+                       num_hidden_layers=verifier.num_hidden_layers,
+                       hidden_size=verifier.hidden_size, vocab_size=verifier.vocab_size,
+                       dtype=verifier.dtype,
+                       default_target_layer_ids=default_layer_ids(verifier.num_hidden_layers))

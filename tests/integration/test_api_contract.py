@@ -18,6 +18,10 @@ LONG = "x" * 300  # one path component over the OS's 255 bytes
     ("PUT", "/api/jobs/job_0", "GET"),
     ("PATCH", "/api/secrets/HF_TOKEN", "DELETE, PUT"),
     ("OPTIONS", "/api/deployments/dep_0", "DELETE, GET"),
+    ("OPTIONS", "/api/keys", "GET, POST"),
+    ("GET", "/api/keys/key_0", "DELETE"),
+    ("GET", "/api/verifiers/inspect", "POST"),
+    ("PUT", "/api/jobs/plan", "GET, POST"),  # GET: /api/jobs/{job_id}
     ("GET", "/v1/chat/completions", "POST"),  # the gateway's fast path takes POST only
 ])
 def test_a_method_not_allowed_names_every_method_of_the_path(api: Api, method: str, path: str,

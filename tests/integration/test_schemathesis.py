@@ -17,7 +17,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.conftest import REDIS_URL, ROOT, configure, new_key, write_dataset, write_verifier
+from tests.conftest import REDIS_URL, ROOT, configure, write_dataset, write_verifier
+from tests.integration.schemathesis_hooks import DECOY_KEY_ID, FUZZER_KEY_ID
 from tests.integration.test_deployments_api import write_drafter
 from tests.integration.test_gateway import start_api, stop_api
 
@@ -32,7 +33,7 @@ def test_the_api_answers_as_its_openapi_document_says(pg_url: str, roots: dict[s
     env = {"SPECDECK_DATABASE_URL": pg_url, "SPECDECK_BROKER_URL": REDIS_URL,
            "SPECDECK_QUEUE": f"specdeck-schemathesis-{uuid.uuid4().hex[:8]}", **roots}
     configure(env)
-    key = new_key()
+    key, key_ids = fuzzer_key()
     # What the config's dictionaries name: a verifier, a DFlash drafter and a JSONL dataset.
     models, data = Path(roots["SPECDECK_MODELS_ROOT"]), Path(roots["SPECDECK_DATA_ROOT"])
     assert (write_verifier(models), write_drafter(models), write_dataset(data)) == (
@@ -53,7 +54,9 @@ def test_the_api_answers_as_its_openapi_document_says(pg_url: str, roots: dict[s
              "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
              "--header", f"Authorization: Bearer {key}", "--generation-database", "none",
              "--report", "json", "--report-json-path", str(report), "--no-color"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=540)
+            cwd=tmp_path, capture_output=True, text=True, timeout=540,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **key_ids,
+                 "SCHEMATHESIS_HOOKS": "tests.integration.schemathesis_hooks"})
     finally:
         stop_api(proc)
     output = f"{run.stdout[-20000:]}\n{run.stderr[-5000:]}\n--- api log ---\n" + \
@@ -67,3 +70,20 @@ def test_the_api_answers_as_its_openapi_document_says(pg_url: str, roots: dict[s
     assert failures == {} and result["errors"] == [], output
     assert run.returncode == 0, output
     assert "Traceback" not in log.read_text(errors="replace"), output
+    # The hook kept the fuzzer's own key from being revoked (its decoy may have been).
+    from app.db import session_scope
+    from app.db.models import ApiKey
+
+    with session_scope() as session:
+        assert session.get(ApiKey, key_ids[FUZZER_KEY_ID]).revoked_at is None
+
+
+def fuzzer_key() -> tuple[str, dict[str, str]]:
+    """The key Schemathesis sends, and the ids of it and its decoy (schemathesis_hooks.py)."""
+    from app.db import session_scope
+    from app.services.keys import add_key, create_key
+
+    with session_scope() as session:
+        fuzzer = create_key(session, f"fuzz-{uuid.uuid4().hex[:8]}", "schemathesis")
+        decoy = add_key(session, fuzzer.key.project_id, "decoy")
+        return fuzzer.plaintext, {FUZZER_KEY_ID: fuzzer.key.id, DECOY_KEY_ID: decoy.key.id}

@@ -45,6 +45,11 @@ def component(document: dict[str, Any], name: str) -> dict[str, Any]:
     ("get", "/api/secrets", {"200", "401", "503"}),
     ("post", "/api/checkpoints/{checkpoint_id}/publish",
      {"202", "400", "401", "404", "409", "413", "422", "503"}),
+    ("post", "/api/jobs/plan", {"200", "400", "401", "413", "422", "503"}),
+    ("post", "/api/keys", {"201", "400", "401", "413", "422", "503"}),
+    ("get", "/api/keys", {"200", "401", "422", "503"}),
+    ("delete", "/api/keys/{key_id}", {"200", "401", "404", "422", "503"}),
+    ("post", "/api/verifiers/inspect", {"200", "400", "401", "413", "422", "503"}),
     ("get", "/readyz", {"200", "503"}),
     ("post", "/v1/chat/completions",
      {"200", "400", "401", "404", "413", "429", "4XX", "502", "503", "504"}),
@@ -159,3 +164,21 @@ def test_the_dashboard_and_the_docs_files_are_not_in_the_document(document) -> N
     assert not [path for path in paths if not is_api_path(path) or path.startswith("/docs")]
     assert all(path.startswith(("/api/", "/v1/")) or path in ("/healthz", "/readyz")
                for path in paths)
+
+
+def test_a_new_key_links_to_its_revocation_and_its_plaintext_is_declared_once(document) -> None:
+    created = responses(document, "post", "/api/keys")["201"]
+    assert list(created["links"].values()) == [{
+        "operationRef": "#/paths/~1api~1keys~1{key_id}/delete",
+        "parameters": {"key_id": "$response.body#/id"}}]
+    assert "key" in component(document, "KeyCreated")["required"]
+    assert "key" not in component(document, "KeyOut")["properties"]
+    revoke = document["paths"]["/api/keys/{key_id}"]["delete"]
+    assert "SPECDECK_GATEWAY_AUTH_CACHE_SECONDS" in revoke["description"]
+
+
+def test_a_dry_run_plan_has_no_job_id(document) -> None:
+    plan = responses(document, "post", "/api/jobs/plan")["200"]
+    assert error_schema(plan) == error_schema(responses(document, "get", "/api/jobs/{job_id}/plan")
+                                              ["200"]) == {"$ref": "#/components/schemas/PlanOut"}
+    assert {"type": "null"} in component(document, "PlanOut")["properties"]["job_id"]["anyOf"]

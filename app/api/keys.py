@@ -1,0 +1,55 @@
+"""/api/keys: the project's API keys. A key is shown once, when it is created; after that only
+its prefix. Keys are stored hashed, and neither form of a key is written to a log."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from app.api.deps import CurrentKey, SessionDep
+from app.api.links import links
+from app.db.models import ApiKey
+from app.errors import error_responses
+from app.schemas.common import Page
+from app.schemas.keys import KeyCreate, KeyCreated, KeyOut
+from app.services import keys as service
+
+router = APIRouter(prefix="/api/keys", tags=["keys"], responses=error_responses(401, 422, 503))
+
+KEY_ID = r"^key_[0-9a-f]{24}$"
+KeyId = Annotated[str, Path(pattern=KEY_ID)]
+
+
+def key_out(key: ApiKey) -> KeyOut:
+    return KeyOut.model_validate(key, from_attributes=True)
+
+
+@router.post("", status_code=201, response_model=KeyCreated, responses={
+    201: links("key_id", ("delete", "/api/keys/{key_id}")), **error_responses(400, 413)})
+def create_key(body: KeyCreate, key: CurrentKey, session: SessionDep,
+               response: Response) -> KeyCreated:
+    """A new key in the caller's project. Its plaintext (``key``) is in this answer only:
+    store it now, it cannot be shown again."""
+    new = service.add_key(session, key.project_id, body.name)
+    response.headers["Cache-Control"] = "no-store"
+    return KeyCreated(**key_out(new.key).model_dump(), key=new.plaintext)
+
+
+@router.get("", response_model=Page[KeyOut])
+def list_keys(key: CurrentKey, session: SessionDep,
+              limit: Annotated[int, Query(ge=1, le=100)] = 20,
+              after: Annotated[str | None, Query(pattern=KEY_ID)] = None) -> Page[KeyOut]:
+    """The project's keys, revoked ones too, newest first; pass ``last_id`` back as ``after``."""
+    keys, has_more = service.list_keys(session, key.project_id, limit=limit, after=after)
+    return Page(data=[key_out(k) for k in keys], has_more=has_more,
+                last_id=keys[-1].id if keys else None)
+
+
+@router.delete("/{key_id}", response_model=KeyOut, responses=error_responses(404))
+def revoke_key(key_id: KeyId, key: CurrentKey, session: SessionDep) -> KeyOut:
+    """Revoke a key of the caller's project (the one making this request too): from the
+    moment this answers, /api refuses it with 401. The gateway (/v1) caches what a key is for
+    ``SPECDECK_GATEWAY_AUTH_CACHE_SECONDS`` (default 5) in each API process, so it may still
+    serve a revoked key for up to that long. Revoking a revoked key changes nothing."""
+    return key_out(service.revoke_key(session, key.project_id, key_id))

@@ -1,0 +1,181 @@
+"""The API keys API on both backends: a key is created in the caller's project and shown once,
+listed by prefix only (never its hash or plaintext), revoked (the key in use too, which then
+gets 401), and another project's keys are neither listed nor revocable (404)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import Api, Stack, configure, new_key
+from tests.integration.test_jobs_api import assert_error
+
+KEY_FIELDS = {"object", "id", "name", "prefix", "created_at", "last_used_at", "revoked_at"}
+
+
+def count_keys(stack: Stack) -> int:
+    return stack.scalar("SELECT count(*) FROM api_keys")
+
+
+def as_key(api: Api, plaintext: str) -> Api:
+    return Api(api.client, plaintext)
+
+
+def id_of(api: Api) -> str:
+    """The id of the key ``api`` uses, found by its prefix."""
+    return next(k["id"] for k in api.get("/api/keys", params={"limit": 100}).json()["data"]
+                if api.key.startswith(k["prefix"]))
+
+
+def test_a_new_key_is_shown_once_and_works_in_the_callers_project(
+        api: Api, job_body, stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        response = api.post("/api/keys", json={"name": "ci"})
+    assert response.status_code == 201, response.text
+    assert response.headers["Cache-Control"] == "no-store"
+    created = response.json()
+    assert set(created) == KEY_FIELDS | {"key"}
+    plaintext = created["key"]
+    assert plaintext.startswith("sdk-") and plaintext.startswith(created["prefix"])
+    assert len(created["prefix"]) < len(plaintext) // 2
+    assert created["name"] == "ci" and created["revoked_at"] is None
+    assert plaintext not in caplog.text
+    # Stored as its hash, never in plaintext.
+    digest = hashlib.sha256(plaintext.encode()).hexdigest()
+    assert stack.scalar("SELECT key_hash FROM api_keys WHERE id = :id", id=created["id"]) == digest
+    assert stack.scalar("SELECT count(*) FROM api_keys WHERE key_hash = :k OR prefix = :k",
+                        k=plaintext) == 0
+
+    # The caller's project: a job made with the new key is the caller's.
+    new = as_key(api, plaintext)
+    job = new.post("/api/jobs", json=job_body())
+    assert job.status_code == 201, job.text
+    assert api.get(f"/api/jobs/{job.json()['id']}").status_code == 200
+
+    # Never shown again: neither the plaintext nor the hash is in any listing.
+    for client in (api, new):
+        listing = client.get("/api/keys")
+        assert listing.status_code == 200, listing.text
+        assert plaintext not in listing.text and digest not in listing.text
+        entry = next(k for k in listing.json()["data"] if k["id"] == created["id"])
+        assert entry == {k: v for k, v in created.items() if k != "key"}
+
+
+def test_the_list_is_newest_first_with_a_cursor(api: Api) -> None:
+    made = [api.post("/api/keys", json={"name": f"k{i}"}).json()["id"] for i in range(3)]
+    first = api.get("/api/keys", params={"limit": 2}).json()
+    assert [k["id"] for k in first["data"]] == made[::-1][:2]
+    assert first["has_more"] is True and first["last_id"] == made[1]
+    rest = api.get("/api/keys", params={"limit": 2, "after": first["last_id"]}).json()
+    assert [k["id"] for k in rest["data"]] == [made[0], id_of(api)]
+    assert rest["has_more"] is False
+
+
+def test_a_revoked_key_gets_401_and_stays_listed(api: Api, stack: Stack) -> None:
+    created = api.post("/api/keys", json={"name": "leaked"}).json()
+    leaked = as_key(api, created["key"])
+    assert leaked.get("/api/jobs").status_code == 200
+
+    revoked = api.delete(f"/api/keys/{created['id']}")
+    assert revoked.status_code == 200, revoked.text
+    assert set(revoked.json()) == KEY_FIELDS and revoked.json()["revoked_at"] is not None
+    for method, path in (("get", "/api/jobs"), ("get", "/api/keys"), ("post", "/api/keys")):
+        assert_error(getattr(leaked, method)(path, **({"json": {}} if method == "post" else {})),
+                     401, "invalid_api_key")
+    # Revoking again changes nothing; the key stays in the list with when it was revoked.
+    again = api.delete(f"/api/keys/{created['id']}")
+    assert again.status_code == 200 and again.json() == revoked.json()
+    listed = next(k for k in api.get("/api/keys").json()["data"] if k["id"] == created["id"])
+    assert listed["revoked_at"] == revoked.json()["revoked_at"]
+    assert api.get("/api/jobs").status_code == 200  # the caller's own key is untouched
+
+
+def test_the_key_in_use_can_revoke_itself(api: Api, stack: Stack) -> None:
+    spare = api.post("/api/keys", json={"name": "spare"}).json()["key"]
+    own = id_of(api)
+    response = api.delete(f"/api/keys/{own}")
+    assert response.status_code == 200, response.text
+    assert response.json()["id"] == own and response.json()["revoked_at"]
+    assert_error(api.get("/api/keys"), 401, "invalid_api_key")
+    assert_error(api.delete(f"/api/keys/{own}"), 401, "invalid_api_key")
+    assert as_key(api, spare).get("/api/keys").status_code == 200
+
+
+def test_another_projects_keys_are_not_listed_nor_revocable(api: Api, make_api,
+                                                           stack: Stack) -> None:
+    other = make_api(api)
+    theirs = other.post("/api/keys", json={"name": "theirs"}).json()
+    mine = api.get("/api/keys").json()["data"]
+    assert theirs["id"] not in [k["id"] for k in mine] and len(mine) == 1
+    assert_error(api.delete(f"/api/keys/{theirs['id']}"), 404, "not_found", "key_id")
+    assert_error(api.delete(f"/api/keys/{id_of(other)}"), 404, "not_found", "key_id")
+    assert stack.scalar("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == 0
+    assert as_key(api, theirs["key"]).get("/api/keys").status_code == 200
+
+
+@pytest.mark.parametrize("body, code, param", [
+    ({"name": "x" * 101}, "invalid_value", "name"),
+    ({"name": "a\u0000b"}, "invalid_value", "name"),
+    ({"name": 5}, "invalid_value", "name"),
+    ({"label": "x"}, "unknown_field", "label"),
+    ([], "invalid_value", None),
+    (None, "missing_field", None),
+])
+def test_a_bad_create_is_a_client_error_and_creates_nothing(api: Api, stack: Stack, body,
+                                                            code: str, param: str | None) -> None:
+    before = count_keys(stack)
+    response = api.post("/api/keys", **({} if body is None else {"json": body}))
+    assert_error(response, 422, code, param)
+    assert count_keys(stack) == before
+
+
+def test_bad_ids_cursors_and_missing_keys_are_client_errors(api: Api, stack: Stack) -> None:
+    assert_error(api.delete("/api/keys/job_0123456789abcdef01234567"), 422, "invalid_value",
+                 "key_id")
+    assert_error(api.delete("/api/keys/key_0123456789abcdef01234567"), 404, "not_found", "key_id")
+    assert_error(api.get("/api/keys", params={"after": "x\u0000"}), 422, "invalid_value", "after")
+    assert_error(api.get("/api/keys", params={"limit": 0}), 422, "invalid_value", "limit")
+    before = count_keys(stack)
+    own = id_of(api)
+    for method, path in (("get", "/api/keys"), ("post", "/api/keys"),
+                         ("delete", f"/api/keys/{own}")):
+        response = api.client.request(method.upper(), path, json={} if method == "post" else None)
+        assert_error(response, 401, "missing_api_key")
+    assert count_keys(stack) == before
+    assert stack.scalar("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == 0
+
+
+@pytest.fixture
+def short_auth_cache(stack: Stack) -> Iterator[Api]:
+    """An app whose gateway caches a key for half a second (the default is 5)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    os.environ["SPECDECK_GATEWAY_AUTH_CACHE_SECONDS"] = "0.5"
+    configure({})
+    try:
+        with TestClient(create_app()) as client:
+            yield Api(client, new_key())
+    finally:
+        del os.environ["SPECDECK_GATEWAY_AUTH_CACHE_SECONDS"]
+        configure({})
+
+
+def test_the_gateway_refuses_a_revoked_key_once_its_cache_expires(short_auth_cache: Api) -> None:
+    api = short_auth_cache
+    created = api.post("/api/keys", json={}).json()
+    key = as_key(api, created["key"])
+    assert key.get("/v1/models").status_code == 200  # now in the gateway's cache
+    assert api.delete(f"/api/keys/{created['id']}").status_code == 200
+    assert_error(key.get("/api/keys"), 401, "invalid_api_key")  # /api: at once
+    deadline = time.monotonic() + 30
+    while key.get("/v1/models").status_code != 401:
+        assert time.monotonic() < deadline, "the gateway still serves a revoked key"
+        time.sleep(0.1)
+    assert key.get("/v1/models").json()["error"]["code"] == "invalid_api_key"
