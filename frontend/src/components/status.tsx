@@ -1,0 +1,11 @@
+// A job's or a deployment's status as a coloured badge (the text says it; colour only helps).
+const TONE: Record<string, string> = {
+  succeeded: "good", ready: "good", published: "good",
+  failed: "bad", cancelled: "muted", stopped: "muted",
+  running: "busy", starting: "busy", stopping: "busy", publishing: "busy",
+  queued: "wait", pending: "wait",
+};
+
+export function StatusBadge({ status }: { status: string }) {
+  return <span className={`badge ${TONE[status] ?? "wait"}`}>{status}</span>;
+}
