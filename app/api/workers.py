@@ -14,6 +14,6 @@ router = APIRouter(prefix="/api/workers", tags=["workers"], responses=error_resp
 
 
 @router.get("", response_model=Page[WorkerOut])
-def list_workers(_: CurrentKey, session: SessionDep, settings: SettingsDep) -> Page[WorkerOut]:
-    workers = service.list_workers(session, settings.reconcile_seconds)
+def list_workers(key: CurrentKey, session: SessionDep, settings: SettingsDep) -> Page[WorkerOut]:
+    workers = service.list_workers(session, settings.reconcile_seconds, key.project_id)
     return Page(data=workers, has_more=False, last_id=None)

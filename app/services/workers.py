@@ -8,8 +8,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Worker, utcnow
-from app.schemas.workers import WorkerOut
+from app.db.models import Deployment, Job, Worker, utcnow
+from app.schemas.workers import RunningOut, WorkerOut
+from app.services.state import MACHINES
 
 # A worker that missed this many heartbeats is shown as not alive.
 MISSED_HEARTBEATS = 3
@@ -38,11 +39,38 @@ def heartbeat(session: Session, worker_id: str) -> None:
         worker.last_heartbeat_at = utcnow()
 
 
-def list_workers(session: Session, heartbeat_seconds: float) -> list[WorkerOut]:
-    """``heartbeat_seconds``: how often workers heartbeat (their reconcile interval)."""
+def _running(session: Session, worker_ids: list[str], project_id: str) -> dict[str, list[RunningOut]]:
+    """What is placed on each worker (status not final: queued-but-placed counts too, since it
+    holds its GPUs), oldest first; another project's work without its id, name or status."""
+    running: dict[str, list[RunningOut]] = {w: [] for w in worker_ids}
+    rows: list[Job | Deployment] = []
+    for model in (Job, Deployment):
+        terminal = [s.value for s in MACHINES[model].terminal]
+        rows += session.scalars(select(model).where(model.worker_id.in_(worker_ids),
+                                                    model.status.not_in(terminal)))
+    for row in sorted(rows, key=lambda r: (r.created_at, r.id)):
+        allocation = row.allocation or {}
+        gpus = sorted(allocation.get("verifier", []) + allocation.get("trainer", []))
+        slots = allocation.get("slot", []) + allocation.get("serving", [])
+        kind = "job" if isinstance(row, Job) else "deployment"
+        if row.project_id == project_id:
+            name = row.name if isinstance(row, Deployment) else None
+            item = RunningOut(kind=kind, id=row.id, name=name, status=row.status, gpus=gpus,
+                              slots=slots)
+        else:
+            item = RunningOut(kind=kind, id=None, name=None, status="busy", gpus=gpus, slots=slots)
+        running[row.worker_id].append(item)  # type: ignore[index]
+    return running
+
+
+def list_workers(session: Session, heartbeat_seconds: float, project_id: str) -> list[WorkerOut]:
+    """``heartbeat_seconds``: how often workers heartbeat (their reconcile interval); what runs
+    on them is shown in full for ``project_id``'s work only."""
     cutoff = utcnow() - timedelta(seconds=heartbeat_seconds * MISSED_HEARTBEATS)
-    workers = session.scalars(select(Worker).order_by(Worker.id))
+    workers = list(session.scalars(select(Worker).order_by(Worker.id)))
+    running = _running(session, [w.id for w in workers], project_id)
     return [WorkerOut(id=w.id, host=w.host, queue=w.queue, gpus=w.gpus, capacity=w.capacity,
                       serving_slots=w.serving_slots,
                       started_at=w.started_at, last_heartbeat_at=w.last_heartbeat_at,
-                      alive=w.last_heartbeat_at >= cutoff) for w in workers]
+                      alive=w.last_heartbeat_at >= cutoff, running=running[w.id])
+            for w in workers]

@@ -1231,6 +1231,43 @@ export interface components {
             trainer_gpus: number;
         };
         /**
+         * RunningOut
+         * @description A job or deployment placed on a worker, and the GPUs (or local-runtime slots) it holds.
+         *     Another project's work shows only as busy: no id, no name.
+         */
+        RunningOut: {
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "job" | "deployment";
+            /**
+             * Id
+             * @description Null for another project's work
+             */
+            id: string | null;
+            /**
+             * Name
+             * @description A deployment's served name; null for a job and for another project's work
+             */
+            name: string | null;
+            /**
+             * Status
+             * @description The job's or deployment's status; "busy" for another project's work
+             */
+            status: string;
+            /**
+             * Gpus
+             * @description The GPU indices it holds (vllm runtime)
+             */
+            gpus: number[];
+            /**
+             * Slots
+             * @description The training slot (a job) or serving slot (a deployment) it holds (local runtime)
+             */
+            slots: number[];
+        };
+        /**
          * SecretOut
          * @description Names and dates only: a value is never returned.
          */
@@ -1412,6 +1449,11 @@ export interface components {
             last_heartbeat_at: string;
             /** Alive */
             alive: boolean;
+            /**
+             * Running
+             * @description What is placed on this worker now, oldest first
+             */
+            running: components["schemas"]["RunningOut"][];
         };
     };
     responses: never;
