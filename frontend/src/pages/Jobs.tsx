@@ -1,4 +1,152 @@
-// Placeholder until this page is written.
+import { useState } from "react";
+import { Link } from "react-router-dom";
+import { useQuery } from "@tanstack/react-query";
+import { api, must, type Job, type Schemas } from "../api/client";
+import { Pager, useCursor } from "../components/pager";
+import { QueryState } from "../components/states";
+import { StatusBadge } from "../components/status";
+import { Duration, RelTime } from "../components/time";
+import "./jobs/jobs.css";
+
+type JobStatus = Schemas["JobStatus"];
+
+// Every value of the API's JobStatus (a Record: the compiler notices one missing).
+const STATUSES: Record<JobStatus, true> = {
+  queued: true,
+  running: true,
+  succeeded: true,
+  failed: true,
+  cancelling: true,
+  cancelled: true,
+};
+const TERMINAL = new Set<string>(["succeeded", "failed", "cancelled"]);
+
+// TODO(schema): JobOut.progress is being added to the API; switch to the typed field then.
+interface Progress {
+  epoch: number | null;
+  epochs: number;
+  step: number | null;
+}
+
+function progressOf(job: Job): string | null {
+  const progress = (job as Job & { progress?: Progress | null }).progress;
+  if (!progress || typeof progress.epochs !== "number") return null;
+  const parts = [];
+  if (progress.epoch != null) parts.push(`epoch ${progress.epoch}/${progress.epochs}`);
+  if (progress.step != null) parts.push(`step ${progress.step}`);
+  return parts.length ? parts.join(", ") : null;
+}
+
+function JobRow({ job }: { job: Job }) {
+  const progress = progressOf(job);
+  return (
+    <tr>
+      <td>
+        <Link to={`/jobs/${job.id}`} className="mono job-id">
+          {job.id}
+        </Link>
+        <div className="dim job-verifier">{job.verifier}</div>
+      </td>
+      <td>
+        <StatusBadge status={job.status} />
+        {job.stage && <div className="job-stage">{job.stage}</div>}
+        {progress && <div className="dim job-stage">{progress}</div>}
+      </td>
+      <td className="num" title="Served acceptance length (tokens per verifier pass)">
+        {job.served_acceptance_length != null ? job.served_acceptance_length.toFixed(2) : "—"}
+      </td>
+      <td className="hide-narrow">
+        <RelTime at={job.created_at} />
+      </td>
+      <td className="hide-narrow">
+        <Duration from={job.started_at} to={job.finished_at} />
+      </td>
+    </tr>
+  );
+}
+
 export default function Jobs() {
-  return <h1>Jobs</h1>;
+  const [status, setStatus] = useState<JobStatus | "">("");
+  const cursor = useCursor();
+  const jobs = useQuery({
+    queryKey: ["jobs", status, cursor.after],
+    queryFn: () =>
+      must(
+        api.GET("/api/jobs", {
+          params: { query: { limit: 20, after: cursor.after, status: status || undefined } },
+        }),
+      ),
+    // Follow the jobs on the page while any of them can still change.
+    refetchInterval: (query) => (query.state.data?.data.some((j) => !TERMINAL.has(j.status)) ? 3000 : false),
+  });
+
+  return (
+    <>
+      <div className="toolbar">
+        <h1 className="jobs-title">Jobs</h1>
+        <span className="spacer" />
+        <div className="field jobs-filter">
+          <label htmlFor="jobs-status">Status</label>
+          <select
+            id="jobs-status"
+            value={status}
+            onChange={(e) => {
+              setStatus(e.target.value as JobStatus | "");
+              cursor.reset();
+            }}
+          >
+            <option value="">All</option>
+            {(Object.keys(STATUSES) as JobStatus[]).map((s) => (
+              <option key={s} value={s}>
+                {s}
+              </option>
+            ))}
+          </select>
+        </div>
+        <Link to="/jobs/new" className="button primary">
+          New job
+        </Link>
+      </div>
+      <QueryState
+        query={jobs}
+        what="Loading jobs"
+        isEmpty={(page) => page.data.length === 0}
+        empty={
+          status ? (
+            <p>No {status} jobs.</p>
+          ) : (
+            <p>
+              No jobs yet. <Link to="/jobs/new">Create a job</Link> to train a speculative-decoding drafter.
+            </p>
+          )
+        }
+      >
+        {(page) => (
+          <>
+            <div className="table-wrap">
+              <table aria-label="Jobs">
+                <thead>
+                  <tr>
+                    <th>Job</th>
+                    <th>Status, stage</th>
+                    <th className="num">
+                      <abbr title="Served acceptance length">Served AL</abbr>
+                    </th>
+                    <th className="hide-narrow">Created</th>
+                    <th className="hide-narrow">Duration</th>
+                  </tr>
+                </thead>
+                <tbody>
+                  {page.data.map((job) => (
+                    <JobRow key={job.id} job={job} />
+                  ))}
+                </tbody>
+              </table>
+            </div>
+            <Pager cursor={cursor} hasMore={page.has_more} lastId={page.last_id} />
+          </>
+        )}
+      </QueryState>
+    </>
+  );
 }

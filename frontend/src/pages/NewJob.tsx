@@ -1,4 +1,435 @@
-// Placeholder until this page is written.
+import { useRef, useState, type FormEvent, type ReactNode } from "react";
+import { Link, useNavigate } from "react-router-dom";
+import { keepPreviousData, useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
+import { api, must, type Dataset, type JobCreate } from "../api/client";
+import { messageOf } from "../api/errors";
+import { Field, FormError, described } from "../components/form";
+import { UploadDataset } from "./Datasets";
+import {
+  DEFAULTS,
+  DEMO,
+  NUMBERS,
+  P,
+  buildBody,
+  fieldId,
+  newIdempotencyKey,
+  placeError,
+  validate,
+  type GateChoice,
+  type JobForm,
+  type Mode,
+  type Runtime,
+  type Scheduler,
+} from "./jobs/form";
+import { PlanPreview, VerifierPreview, useDebounced } from "./jobs/previews";
+import "./jobs/jobs.css";
+
+type NumberKey = keyof typeof NUMBERS;
+
+const PARAM_OF: Partial<Record<keyof JobForm, string>> = {
+  ...P,
+  ...Object.fromEntries(Object.entries(NUMBERS).map(([key, spec]) => [key, spec.param])),
+};
+
 export default function NewJob() {
-  return <h1>NewJob</h1>;
+  const navigate = useNavigate();
+  const queryClient = useQueryClient();
+  const [form, setForm] = useState<JobForm>(DEFAULTS);
+  const [touched, setTouched] = useState<ReadonlySet<string>>(new Set());
+  const [submitted, setSubmitted] = useState(false);
+  // One Idempotency-Key per body: a retry or a double click sends the same one.
+  const idempotency = useRef<{ body: string; key: string } | null>(null);
+
+  const datasets = useQuery({
+    queryKey: ["datasets", "all"],
+    queryFn: () => must(api.GET("/api/datasets", { params: { query: { limit: 100 } } })),
+  });
+
+  const verifierRef = form.verifier.trim();
+  const inspected = useDebounced(verifierRef, 400);
+  const inspect = useQuery({
+    queryKey: ["verifier-inspect", inspected],
+    queryFn: ({ signal }) => must(api.POST("/api/verifiers/inspect", { body: { verifier: inspected }, signal })),
+    enabled: inspected !== "" && inspected.length <= 512,
+    retry: false,
+    staleTime: 60_000,
+  });
+  const inspectCurrent = inspected === verifierRef && verifierRef !== "";
+  const verifier = inspectCurrent ? inspect.data : undefined;
+
+  const clientErrors = validate(form, verifier);
+  const valid = Object.keys(clientErrors).length === 0;
+  const bodyJson = valid ? JSON.stringify(buildBody(form)) : null;
+  const planned = useDebounced(bodyJson, 400);
+  const plan = useQuery({
+    queryKey: ["job-plan", planned],
+    queryFn: ({ signal }) => must(api.POST("/api/jobs/plan", { body: JSON.parse(planned!) as JobCreate, signal })),
+    enabled: planned !== null && planned === bodyJson,
+    retry: false,
+    staleTime: 30_000,
+    placeholderData: keepPreviousData,
+  });
+  const planCurrent = planned === bodyJson && bodyJson !== null;
+
+  const create = useMutation({
+    mutationFn: ({ body, key }: { body: JobCreate; key: string }) =>
+      must(api.POST("/api/jobs", { body, params: { header: { "idempotency-key": key } } })),
+    onSuccess: (job) => {
+      queryClient.invalidateQueries({ queryKey: ["jobs"] });
+      navigate(`/jobs/${job.id}`);
+    },
+  });
+
+  // Where each problem is shown: the client's own checks first, then the API's answers.
+  const submitErrors = placeError(create.error);
+  const planErrors = planCurrent && plan.isError ? placeError(plan.error) : placeError(null);
+  const inspectError = inspectCurrent && inspect.isError ? messageOf(inspect.error) : undefined;
+  function errorOf(param: string): string | undefined {
+    const client = submitted || touched.has(param) ? clientErrors[param] : undefined;
+    return client ?? submitErrors.fields[param] ?? planErrors.fields[param] ?? (param === P.verifier ? inspectError : undefined);
+  }
+
+  function update<K extends keyof JobForm>(key: K, value: JobForm[K]) {
+    setForm((f) => ({ ...f, [key]: value }));
+    const param = PARAM_OF[key];
+    if (param) setTouched((t) => (t.has(param) ? t : new Set(t).add(param)));
+    if (create.isError) create.reset();
+  }
+
+  function applyDemo() {
+    setForm((f) => ({
+      ...f,
+      ...DEMO,
+      // The demo dataset that `specdeck run` uploads, unless one is chosen already.
+      dataset: f.dataset || datasets.data?.data.find((d) => d.name === "demo")?.id || "",
+    }));
+    if (create.isError) create.reset();
+  }
+
+  function submit(event: FormEvent) {
+    event.preventDefault();
+    if (create.isPending) return;
+    setSubmitted(true);
+    if (!valid) {
+      document.getElementById(fieldId(Object.keys(clientErrors)[0]))?.focus();
+      return;
+    }
+    const body = buildBody(form);
+    const json = JSON.stringify(body);
+    if (idempotency.current?.body !== json) idempotency.current = { body: json, key: newIdempotencyKey() };
+    create.mutate({ body, key: idempotency.current.key });
+  }
+
+  function numberField(key: NumberKey, hint?: ReactNode) {
+    const spec = NUMBERS[key];
+    const id = fieldId(spec.param);
+    const error = errorOf(spec.param);
+    return (
+      <Field id={id} label={spec.label} error={error} hint={hint}>
+        <input
+          {...described(id, error, Boolean(hint))}
+          type="number"
+          inputMode={spec.integer ? "numeric" : "decimal"}
+          min={spec.minExclusive ? undefined : spec.min}
+          max={spec.max}
+          step={spec.integer ? 1 : "any"}
+          required={!spec.optional}
+          value={form[key]}
+          onChange={(e) => update(key, e.target.value)}
+        />
+      </Field>
+    );
+  }
+
+  function selectField<K extends "scheduler" | "mode" | "runtime" | "gate">(
+    key: K,
+    label: string,
+    options: [JobForm[K], string][],
+    hint?: ReactNode,
+  ) {
+    const param = PARAM_OF[key]!;
+    const id = fieldId(param);
+    const error = errorOf(param);
+    return (
+      <Field id={id} label={label} error={error} hint={hint}>
+        <select
+          {...described(id, error, Boolean(hint))}
+          value={form[key]}
+          onChange={(e) => update(key, e.target.value as JobForm[K])}
+        >
+          {options.map(([value, text]) => (
+            <option key={value} value={value}>
+              {text}
+            </option>
+          ))}
+        </select>
+      </Field>
+    );
+  }
+
+  const datasetId = fieldId(P.dataset);
+  const datasetError = errorOf(P.dataset) ?? (datasets.isError ? messageOf(datasets.error) : undefined);
+  const chosen: Dataset | undefined = datasets.data?.data.find((d) => d.id === form.dataset);
+  const verifierId = fieldId(P.verifier);
+  const verifierError = errorOf(P.verifier);
+  const layersId = fieldId(P.targetLayerIds);
+  const layersError = errorOf(P.targetLayerIds);
+  const defaultLayers = verifier?.default_target_layer_ids?.join(", ");
+  const evaluateError = errorOf(P.evaluate);
+  const publishId = fieldId(P.publish);
+  const publishError = errorOf(P.publish);
+
+  const planState = !planCurrent && bodyJson === null
+    ? "incomplete"
+    : planCurrent && plan.isError
+      ? "error"
+      : planCurrent && plan.isSuccess && !plan.isPlaceholderData
+        ? "ready"
+        : "loading";
+
+  return (
+    <>
+      <div className="toolbar">
+        <h1 className="jobs-title">New job</h1>
+        <span className="spacer" />
+        <button type="button" onClick={applyDemo}>
+          Use demo settings
+        </button>
+      </div>
+      <p className="hint newjob-lead">
+        Train a DFlash drafter for a verifier on a dataset of chats. The defaults are the API's; “Use demo
+        settings” fills a quick job on the tiny demo verifier.
+      </p>
+
+      {/* Outside the job's <form>: the inline upload is a form of its own. */}
+      <fieldset className="card">
+        <legend>Dataset</legend>
+        <div className="grid2">
+          <div>
+            <Field
+              id={datasetId}
+              label="Dataset"
+              error={datasetError}
+              hint={
+                chosen ? (
+                  `${chosen.num_conversations ?? "?"} chats, ${chosen.kind === "public" ? `public preset ${chosen.public_name}` : chosen.format}`
+                ) : datasets.data?.data.length === 0 ? (
+                  "No datasets yet: upload a JSONL file here."
+                ) : (
+                  <>
+                    Or manage them under <Link to="/datasets">Datasets</Link>.
+                  </>
+                )
+              }
+            >
+              <select
+                {...described(datasetId, datasetError, true)}
+                form="new-job"
+                value={form.dataset}
+                disabled={datasets.isPending}
+                onChange={(e) => update("dataset", e.target.value)}
+              >
+                <option value="">{datasets.isPending ? "Loading datasets…" : "Choose a dataset"}</option>
+                {datasets.data?.data.map((d) => (
+                  <option key={d.id} value={d.id}>
+                    {d.name} ({d.id})
+                  </option>
+                ))}
+              </select>
+            </Field>
+            {datasets.data?.has_more && (
+              <p className="hint">Showing the newest 100 datasets.</p>
+            )}
+          </div>
+          <UploadDataset onUploaded={(d) => update("dataset", d.id)} />
+        </div>
+      </fieldset>
+
+      <form id="new-job" onSubmit={submit} noValidate aria-label="New job">
+        <div className="newjob-cols">
+          <div>
+            <fieldset className="card">
+              <legend>Verifier</legend>
+              <Field
+                id={verifierId}
+                label="Verifier"
+                error={verifierError}
+                hint="A Hugging Face Hub id (org/name) or a directory under the models root."
+              >
+                <input
+                  {...described(verifierId, verifierError, true)}
+                  value={form.verifier}
+                  maxLength={512}
+                  placeholder="Qwen/Qwen3-8B"
+                  autoComplete="off"
+                  spellCheck={false}
+                  onChange={(e) => update("verifier", e.target.value)}
+                />
+              </Field>
+              <VerifierPreview
+                verifier={verifier}
+                loading={verifierRef !== "" && (!inspectCurrent || inspect.isFetching)}
+                failed={inspectError !== undefined}
+              />
+            </fieldset>
+
+            <fieldset className="card">
+              <legend>Speculator</legend>
+              <div className="grid2">
+                {numberField("blockSize", "Tokens drafted per step (2–64)")}
+                {numberField("numLayers", "Drafter depth (1–32)")}
+              </div>
+              <Field
+                id={layersId}
+                label="Target layer ids"
+                error={layersError}
+                hint={
+                  defaultLayers
+                    ? `Optional, comma-separated; empty: the verifier's default ${defaultLayers}`
+                    : "Optional, comma-separated, ascending; empty: the verifier's default"
+                }
+              >
+                <input
+                  {...described(layersId, layersError, true)}
+                  value={form.targetLayerIds}
+                  placeholder={defaultLayers ?? "2, 6, 9"}
+                  inputMode="numeric"
+                  autoComplete="off"
+                  onChange={(e) => update("targetLayerIds", e.target.value)}
+                />
+              </Field>
+              <div className="grid2">
+                {numberField("maxAnchors")}
+                {numberField("seqLen", "Tokens per training sequence")}
+                {numberField("epochs")}
+                {numberField("lr")}
+                {selectField("scheduler", "Scheduler", [
+                  ["cosine", "cosine"],
+                  ["linear", "linear"],
+                  ["none", "none"],
+                ] satisfies [Scheduler, string][])}
+                {numberField("seed")}
+              </div>
+              {selectField(
+                "mode",
+                "Mode",
+                [
+                  ["online", "online: hidden states made on demand while training"],
+                  ["offline", "offline: all hidden states made first, then trained on"],
+                  ["hybrid", "hybrid: made first, what is missing made on demand"],
+                ] satisfies [Mode, string][],
+              )}
+            </fieldset>
+          </div>
+
+          <div>
+            <fieldset className="card">
+              <legend>Runtime and resources</legend>
+              {selectField(
+                "runtime",
+                "Runtime",
+                [
+                  ["", "Server default"],
+                  ["local", "local (transformers, CPU)"],
+                  ["vllm", "vllm (GPUs)"],
+                ] satisfies [Runtime, string][],
+              )}
+              <div className="grid2">
+                {numberField("tensorParallel")}
+                {numberField("dataParallel")}
+              </div>
+              {numberField("trainerGpus")}
+            </fieldset>
+
+            <fieldset className="card">
+              <legend>Evaluate, gate and publish</legend>
+              <label className="check">
+                <input
+                  type="checkbox"
+                  id={fieldId(P.evaluate)}
+                  checked={form.evaluate}
+                  aria-describedby={evaluateError ? `${fieldId(P.evaluate)}-error` : undefined}
+                  onChange={(e) => update("evaluate", e.target.checked)}
+                />
+                Evaluate after training
+              </label>
+              {evaluateError && (
+                <small className="field-error" id={`${fieldId(P.evaluate)}-error`} role="alert">
+                  {evaluateError}
+                </small>
+              )}
+              {form.evaluate && (
+                <div className="grid2">
+                  {numberField("evalPrompts", "Held-out prompts served")}
+                  {numberField("evalMaxTokens", "Tokens generated per prompt")}
+                </div>
+              )}
+              {selectField(
+                "gate",
+                "Acceptance gate",
+                [
+                  ["default", "Runtime default (vllm: speedup ≥ 1; local: none)"],
+                  ["none", "No gate"],
+                  ["custom", "Require…"],
+                ] satisfies [GateChoice, string][],
+                "What the evaluation must show before the drafter is published.",
+              )}
+              {form.gate === "custom" && (
+                <>
+                  <div className="grid2">
+                    {numberField("gateMinAL", "Optional, 1–65")}
+                    {numberField("gateMinSpeedup", "Optional, above 0")}
+                  </div>
+                  <label className="check">
+                    <input
+                      type="checkbox"
+                      id={fieldId(P.gateBeatNgram)}
+                      checked={form.gateBeatNgram}
+                      onChange={(e) => update("gateBeatNgram", e.target.checked)}
+                    />
+                    Must beat n-gram drafting
+                  </label>
+                </>
+              )}
+              <Field
+                id={publishId}
+                label="Publish to (Hub repo id)"
+                error={publishError}
+                hint="Optional: the best checkpoint is pushed there when the job succeeds (needs the HF_TOKEN secret)."
+              >
+                <input
+                  {...described(publishId, publishError, true)}
+                  value={form.publish}
+                  maxLength={200}
+                  placeholder="org/name"
+                  autoComplete="off"
+                  spellCheck={false}
+                  onChange={(e) => update("publish", e.target.value)}
+                />
+              </Field>
+            </fieldset>
+          </div>
+        </div>
+
+        <PlanPreview
+          plan={plan.data}
+          state={planState}
+          error={planCurrent && plan.isError ? planErrors.form : null}
+        />
+
+        <FormError message={submitErrors.form} />
+        <div className="actions newjob-submit">
+          <button type="submit" className="primary" disabled={create.isPending}>
+            {create.isPending ? "Creating…" : "Create job"}
+          </button>
+          <Link to="/jobs">Cancel</Link>
+          {submitted && !valid && (
+            <span className="field-error" role="status">
+              Fix the marked fields first.
+            </span>
+          )}
+        </div>
+      </form>
+    </>
+  );
 }
