@@ -1,4 +1,5 @@
-"""The ``specdeck`` command: serve the API, run a worker, migrate, manage keys, or run it all."""
+"""The ``specdeck`` command: serve the API, run a worker, migrate, manage keys, write the OpenAPI
+document, or run it all."""
 
 from __future__ import annotations
 
@@ -95,6 +96,18 @@ def cmd_secrets_rotate(args: argparse.Namespace) -> None:
     with session_scope() as session:
         count = rotate(session, get_settings())
     print(f"re-encrypted {count} secret(s) under the current SPECDECK_SECRET_KEY")
+
+
+def cmd_openapi(args: argparse.Namespace) -> None:
+    """The app's OpenAPI document as JSON, built without a database (start-up warnings, if any,
+    go to stderr through logging, never into the document)."""
+    from app.main import create_app
+
+    document = json.dumps(create_app().openapi(), indent=2, sort_keys=False) + "\n"
+    if args.output:
+        Path(args.output).write_text(document, encoding="utf-8")
+    else:
+        sys.stdout.write(document)
 
 
 def cmd_demo_model(args: argparse.Namespace) -> None:
@@ -216,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     secrets_sub = secrets.add_subparsers(dest="secrets_command", required=True)
     secrets_sub.add_parser("rotate", help="re-encrypt every secret under SPECDECK_SECRET_KEY "
                            "(old keys in SPECDECK_SECRET_KEY_PREVIOUS)").set_defaults(func=cmd_secrets_rotate)
+
+    openapi = sub.add_parser("openapi", help="write the API's OpenAPI document (JSON)")
+    openapi.add_argument("-o", "--output", metavar="FILE", help="write it here, not to stdout")
+    openapi.set_defaults(func=cmd_openapi)
 
     run = sub.add_parser("run", help="migrate, then run the API and a worker (development)")
     run.add_argument("--host", default="127.0.0.1")

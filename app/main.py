@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from app.api import (checkpoints, datasets, deployments, jobs, keys, openai, secrets, service,
-                     verifiers, workers)
+from app.api import (checkpoints, datasets, deployments, jobs, keys, me, openai, secrets,
+                     service, verifiers, workers)
 from app.dashboard import DashboardRoute
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, PrometheusMetrics
@@ -31,7 +31,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
     for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints,
-                   keys, verifiers):
+                   keys, me, verifiers):
         app.include_router(module.router)
     app.router.routes.append(DashboardRoute(settings.dashboard_dir))  # last: it matches the rest
     # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.

@@ -9,9 +9,10 @@ Three requests against a ``specdeck api`` subprocess over real HTTP: the first p
 deep in the cursor (``after=`` an id in the middle), and the status filter (``status=failed``).
 Side by side in the same run, in this process on the same database: the service call alone
 (``app.services.jobs.list_jobs``: the SELECT through SQLAlchemy, session included) and the
-service call plus serialization (``job_out`` and the ``Page`` JSON). All nine calls run once
-per round, in random order. The ratios show what HTTP, auth and the framework add. EXPLAIN
-(ANALYZE) of the service's own SQL confirms the index used.
+service call plus serialization (``job_outs``, which reads the page's training progress in one
+query, and the ``Page`` JSON). All nine calls run once per round, in random order. The ratios
+show what HTTP, auth and the framework add. EXPLAIN (ANALYZE) of the service's own SQL confirms
+the index used.
 
     .venv/bin/python benchmarks/list_jobs.py [--quick] [--jobs N] [--requests N]
 """
@@ -199,16 +200,20 @@ def run(jobs: int, requests: int) -> tuple[dict[str, dict[str, Summary]], dict[s
 
         service_sessions = sessionmaker(engine, expire_on_commit=False)  # as app.db does
 
+        def list_page(session: Any, params: dict[str, Any]) -> tuple[list, bool]:
+            status = JobStatus(params["status"]) if "status" in params else None
+            return service.list_jobs(session, main_project, limit=params["limit"],
+                                     after=params.get("after"), status=status)
+
         def service_call(params: dict[str, Any]) -> tuple[list, bool]:
             with service_sessions() as session:
-                status = JobStatus(params["status"]) if "status" in params else None
-                return service.list_jobs(session, main_project, limit=params["limit"],
-                                         after=params.get("after"), status=status)
+                return list_page(session, params)
 
         def service_and_json(params: dict[str, Any]) -> bytes:
-            rows, has_more = service_call(params)
-            page = Page(data=[service.job_out(j) for j in rows], has_more=has_more,
-                        last_id=rows[-1].id if rows else None)
+            with service_sessions() as session:
+                rows, has_more = list_page(session, params)
+                page = Page(data=service.job_outs(session, rows), has_more=has_more,
+                            last_id=rows[-1].id if rows else None)
             return page.model_dump_json().encode()
 
         # Same answers both ways, and EXPLAIN (ANALYZE) of the very SQL the service sends.

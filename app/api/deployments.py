@@ -10,8 +10,8 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.errors import error_responses
-from app.schemas.common import Page
-from app.schemas.deployments import DeploymentCreate, DeploymentOut
+from app.schemas.common import BIGINT_MAX, Page
+from app.schemas.deployments import DeploymentCreate, DeploymentEventOut, DeploymentOut
 from app.services import deployments as service
 from app.services.hub import fetch_configs
 
@@ -21,6 +21,7 @@ router = APIRouter(prefix="/api/deployments", tags=["deployments"],
 
 @router.post("", status_code=201, response_model=DeploymentOut,
              responses={201: links("deployment_id", ("get", "/api/deployments/{deployment_id}"),
+                                   ("get", "/api/deployments/{deployment_id}/events"),
                                    ("delete", "/api/deployments/{deployment_id}")),
                         **error_responses(400, 409, 413, 429)})
 async def create_deployment(body: DeploymentCreate, key: CurrentKey, session: SessionDep,
@@ -45,6 +46,20 @@ def list_deployments(key: CurrentKey, session: SessionDep,
             responses=error_responses(404))
 def get_deployment(deployment_id: str, key: CurrentKey, session: SessionDep) -> DeploymentOut:
     return service.deployment_out(service.get_deployment(session, key.project_id, deployment_id))
+
+
+@router.get("/{deployment_id}/events", response_model=Page[DeploymentEventOut],
+            responses=error_responses(404))
+def list_events(deployment_id: str, key: CurrentKey, session: SessionDep,
+                limit: Annotated[int, Query(ge=1, le=100)] = 100,
+                after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX)] = None
+                ) -> Page[DeploymentEventOut]:
+    """Status changes (restarts included) and the serving processes started and exited, oldest
+    first; pass ``last_id`` back as ``after`` for the next page."""
+    deployment = service.get_deployment(session, key.project_id, deployment_id)
+    events, has_more = service.list_events(session, deployment, after=after, limit=limit)
+    return Page(data=[DeploymentEventOut.model_validate(e, from_attributes=True) for e in events],
+                has_more=has_more, last_id=events[-1].id if events else None)
 
 
 @router.delete("/{deployment_id}", response_model=DeploymentOut, responses={

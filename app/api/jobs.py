@@ -14,7 +14,7 @@ from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.db import get_sessionmaker
 from app.errors import error_responses
-from app.schemas.common import Page
+from app.schemas.common import BIGINT_MAX, Page
 from app.schemas.jobs import CheckpointOut, EventOut, JobCreate, JobOut, MetricOut, PlanOut
 from app.services import jobs as service
 from app.services.hub import fetch_configs
@@ -24,7 +24,6 @@ router = APIRouter(prefix="/api/jobs", tags=["jobs"], responses=error_responses(
 
 JOB_ID = r"^job_[0-9a-f]{24}$"
 Limit = Annotated[int, Query(ge=1, le=100)]
-BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client error, not a 500
 _JOB_LINKS = links("job_id", *(("get", f"/api/jobs/{{job_id}}{tail}") for tail in (
     "", "/events", "/events/stream", "/metrics", "/checkpoints", "/logs", "/plan")),
     ("post", "/api/jobs/{job_id}/cancel"))
@@ -50,7 +49,8 @@ async def create_job(body: JobCreate, key: CurrentKey, session: SessionDep,
     if not created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
-    return service.job_out(job)
+    outs = await run_in_threadpool(service.job_outs, session, [job])  # a replay has progress
+    return outs[0]
 
 
 @router.post("/plan", response_model=PlanOut, responses=error_responses(400, 413))
@@ -71,18 +71,19 @@ def list_jobs(key: CurrentKey, session: SessionDep, limit: Limit = 20,
               status: JobStatus | None = None) -> Page[JobOut]:
     jobs, has_more = service.list_jobs(session, key.project_id, limit=limit, after=after,
                                        status=status)
-    return Page(data=[service.job_out(j) for j in jobs], has_more=has_more,
+    return Page(data=service.job_outs(session, jobs), has_more=has_more,
                 last_id=jobs[-1].id if jobs else None)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
 def get_job(job_id: str, key: CurrentKey, session: SessionDep) -> JobOut:
-    return service.job_out(service.get_job(session, key.project_id, job_id))
+    return service.job_outs(session, [service.get_job(session, key.project_id, job_id)])[0]
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409))
 def cancel_job(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep) -> JobOut:
-    return service.job_out(service.cancel_job(session, key.project_id, job_id, settings))
+    job = service.cancel_job(session, key.project_id, job_id, settings)
+    return service.job_outs(session, [job])[0]
 
 
 @router.get("/{job_id}/events", response_model=Page[EventOut],

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Path, Query, Response
 
 from app.api.deps import CurrentKey, SessionDep
 from app.api.links import links
-from app.db.models import ApiKey
 from app.errors import error_responses
 from app.schemas.common import Page
 from app.schemas.keys import KeyCreate, KeyCreated, KeyOut
@@ -21,10 +20,6 @@ KEY_ID = r"^key_[0-9a-f]{24}$"
 KeyId = Annotated[str, Path(pattern=KEY_ID)]
 
 
-def key_out(key: ApiKey) -> KeyOut:
-    return KeyOut.model_validate(key, from_attributes=True)
-
-
 @router.post("", status_code=201, response_model=KeyCreated, responses={
     201: links("key_id", ("delete", "/api/keys/{key_id}")), **error_responses(400, 413)})
 def create_key(body: KeyCreate, key: CurrentKey, session: SessionDep,
@@ -33,7 +28,7 @@ def create_key(body: KeyCreate, key: CurrentKey, session: SessionDep,
     store it now, it cannot be shown again."""
     new = service.add_key(session, key.project_id, body.name)
     response.headers["Cache-Control"] = "no-store"
-    return KeyCreated(**key_out(new.key).model_dump(), key=new.plaintext)
+    return KeyCreated(**service.key_out(new.key).model_dump(), key=new.plaintext)
 
 
 @router.get("", response_model=Page[KeyOut])
@@ -42,7 +37,7 @@ def list_keys(key: CurrentKey, session: SessionDep,
               after: Annotated[str | None, Query(pattern=KEY_ID)] = None) -> Page[KeyOut]:
     """The project's keys, revoked ones too, newest first; pass ``last_id`` back as ``after``."""
     keys, has_more = service.list_keys(session, key.project_id, limit=limit, after=after)
-    return Page(data=[key_out(k) for k in keys], has_more=has_more,
+    return Page(data=[service.key_out(k) for k in keys], has_more=has_more,
                 last_id=keys[-1].id if keys else None)
 
 
@@ -52,4 +47,4 @@ def revoke_key(key_id: KeyId, key: CurrentKey, session: SessionDep) -> KeyOut:
     moment this answers, /api refuses it with 401. The gateway (/v1) caches what a key is for
     ``SPECDECK_GATEWAY_AUTH_CACHE_SECONDS`` (default 5) in each API process, so it may still
     serve a revoked key for up to that long. Revoking a revoked key changes nothing."""
-    return key_out(service.revoke_key(session, key.project_id, key_id))
+    return service.key_out(service.revoke_key(session, key.project_id, key_id))

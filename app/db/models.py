@@ -148,7 +148,9 @@ class JobEvent(Event, Base):
 
 class JobMetric(Base):
     __tablename__ = "job_metrics"
-    __table_args__ = (Index("ix_job_metrics_job_id_name_step", "job_id", "name", "step"),)
+    __table_args__ = (Index("ix_job_metrics_job_id_name_step", "job_id", "name", "step"),
+                      # A job's latest rows first: its progress (app.services.jobs).
+                      Index("ix_job_metrics_job_id_id", "job_id", "id"))
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, GetJsonSchemaHandler, field_validator
@@ -11,6 +12,7 @@ T = TypeVar("T")
 NUL = "\x00"
 NO_NUL = "must not contain NUL (\\u0000) characters"
 NUL_FREE = r"^[^\x00]*$"  # the same rule as a JSON Schema pattern
+BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client error, not a 500
 
 
 def nul_in(value: Any) -> bool:
@@ -89,3 +91,18 @@ class Page(BaseModel, Generic[T]):
     data: list[T]
     has_more: bool
     last_id: str | int | None
+
+
+class EventBase(BaseModel):
+    """What happened to a job or a deployment (app.db.models.Event): status changes, stages,
+    processes, progress. Ids grow in order: pass ``last_id`` back as ``after``."""
+
+    object: str
+    id: int
+    created_at: datetime
+    kind: str
+    attempt: int
+    status: str | None
+    stage: str | None
+    message: str
+    data: dict[str, Any] | None

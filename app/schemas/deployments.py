@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.schemas.common import Strict
+from app.schemas.common import EventBase, Strict
 
 
 class DeploymentResources(Strict):
@@ -70,3 +70,9 @@ class DeploymentOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+
+
+class DeploymentEventOut(EventBase):
+    """An event of a deployment; ``stage`` is always null (deployments have no stages)."""
+
+    object: Literal["specdeck.deployment.event"] = "specdeck.deployment.event"

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
-from app.schemas.common import Strict
+from app.schemas.common import EventBase, Strict
 from app.schemas.verifiers import VerifierRef
 
 # Matched whole (fullmatch: "$" alone would let a trailing newline through); the same text is the
@@ -172,6 +172,19 @@ SERVED_AL = ("Mean acceptance length measured by serving the drafter on held-out
              "the evaluation has run.")
 
 
+class JobProgress(BaseModel):
+    """Where training is, from the trainer's latest training metric line."""
+
+    epoch: int = Field(description="The epoch being trained, counted from 1, so that \"epoch "
+                       "{epoch}/{epochs}\" reads right: 1 during the first epoch, epochs during "
+                       "and after the last. The trainer, the checkpoints and the metrics "
+                       "(GET /api/jobs/{id}/metrics) number epochs from 0: this is their epoch "
+                       "+ 1.")
+    epochs: int = Field(description="The epochs the job trains (speculator.epochs)")
+    step: int = Field(description="The trainer's global step at that line (counted over all "
+                      "epochs)")
+
+
 class JobOut(BaseModel):
     object: Literal["specdeck.job"] = "specdeck.job"
     id: str
@@ -180,6 +193,8 @@ class JobOut(BaseModel):
     status_reason: str | None
     error_code: str | None
     served_acceptance_length: float | None = Field(description=SERVED_AL)
+    progress: JobProgress | None = Field(description="Training progress; null until the "
+                                         "trainer reports its first training step")
     verifier: str
     dataset: str
     speculator: dict[str, Any]
@@ -203,16 +218,8 @@ class JobOut(BaseModel):
     finished_at: datetime | None
 
 
-class EventOut(BaseModel):
+class EventOut(EventBase):
     object: Literal["specdeck.job.event"] = "specdeck.job.event"
-    id: int
-    created_at: datetime
-    kind: str
-    attempt: int
-    status: str | None
-    stage: str | None
-    message: str
-    data: dict[str, Any] | None
 
 
 class MetricOut(BaseModel):

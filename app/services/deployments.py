@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Checkpoint, Deployment, Job
+from app.db.models import Checkpoint, Deployment, DeploymentEvent, Job
 from app.errors import APIError, not_found
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
 from app.services import quotas, state
@@ -98,6 +98,15 @@ def list_deployments(session: Session, project_id: str, *, limit: int,
     if after is not None:
         query = query.where(Deployment.id < after)
     rows = list(session.scalars(query.order_by(Deployment.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def list_events(session: Session, deployment: Deployment, *, after: int | None,
+                limit: int) -> tuple[list[DeploymentEvent], bool]:
+    query = select(DeploymentEvent).where(DeploymentEvent.deployment_id == deployment.id)
+    if after is not None:
+        query = query.where(DeploymentEvent.id > after)
+    rows = list(session.scalars(query.order_by(DeploymentEvent.id).limit(limit + 1)))
     return rows[:limit], len(rows) > limit
 
 

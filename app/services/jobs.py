@@ -7,13 +7,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.db.models import Checkpoint, Job, JobEvent, JobMetric
 from app.errors import APIError, not_found
-from app.schemas.jobs import JobCreate, JobOut
+from app.schemas.jobs import JobCreate, JobOut, JobProgress
 from app.services import quotas, state
 from app.services.scheduling import schedule
 from app.services.datasets import resolve_for_job
@@ -207,11 +207,40 @@ def list_checkpoints(session: Session, job: Job) -> list[Checkpoint]:
                                 .order_by(Checkpoint.epoch)))
 
 
-def job_out(job: Job) -> JobOut:
+def training_progress(session: Session, jobs: list[Job]) -> dict[str, JobProgress]:
+    """Each job's progress, from its latest training metric row (the highest id among the rows
+    with a step and an epoch: the trainer's training lines; validation rows have no step, data
+    regeneration rows no epoch). One query for all of them; a job without one is left out."""
+    if not jobs:
+        return {}
+    # Per job, a correlated max(id): read backwards on ix_job_metrics_job_id_id, it stops at
+    # the job's newest training row however many rows the job has.
+    row = aliased(JobMetric)
+    latest = (select(func.max(row.id))
+              .where(row.job_id == Job.id, row.step.is_not(None), row.epoch.is_not(None))
+              .scalar_subquery())
+    rows = session.execute(
+        select(JobMetric.job_id, JobMetric.epoch, JobMetric.step)
+        .where(JobMetric.id.in_(select(latest).where(Job.id.in_([job.id for job in jobs])))))
+    epochs = {job.id: job.spec["speculator"]["epochs"] for job in jobs}
+    # The trainer counts epochs from 0; "epoch" here counts from 1 (JobProgress.epoch).
+    return {job_id: JobProgress(epoch=epoch + 1, epochs=epochs[job_id], step=step)
+            for job_id, epoch, step in rows}
+
+
+def job_outs(session: Session, jobs: list[Job]) -> list[JobOut]:
+    """The answers for a page of jobs: their progress read in one query."""
+    progress = training_progress(session, jobs)
+    return [job_out(job, progress.get(job.id)) for job in jobs]
+
+
+def job_out(job: Job, progress: JobProgress | None) -> JobOut:
+    """The one place a JobOut is built; ``progress`` from ``training_progress``."""
     spec = job.spec
     return JobOut(
         id=job.id, status=job.status, stage=job.stage, status_reason=job.status_reason,
         error_code=job.error_code, served_acceptance_length=job.served_acceptance_length,
+        progress=progress,
         verifier=spec["verifier"], dataset=spec["dataset"],
         speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
         runtime=spec["runtime"], publish=spec.get("publish"),

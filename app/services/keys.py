@@ -10,7 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Project, utcnow
-from app.errors import not_found
+from app.errors import APIError, not_found
+from app.schemas.keys import KeyOut
 
 KEY_PREFIX = "sdk-"
 VISIBLE_CHARS = 12
@@ -32,6 +33,15 @@ def get_or_create_project(session: Session, name: str) -> Project:
         project = Project(name=name)
         session.add(project)
         session.flush()
+    return project
+
+
+def get_project(session: Session, project_id: str) -> Project:
+    """The project of a key that was just authenticated."""
+    project = session.get(Project, project_id)
+    if project is None:  # deleted since: its keys went with it (ON DELETE CASCADE)
+        raise APIError(401, "Invalid API key", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
     return project
 
 
@@ -76,3 +86,7 @@ def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
         key.revoked_at = utcnow()
         session.flush()
     return key
+
+
+def key_out(key: ApiKey) -> KeyOut:
+    return KeyOut.model_validate(key, from_attributes=True)

@@ -80,6 +80,7 @@ def test_another_projects_deployment_is_404(api: Api, body, make_api, stack: Sta
     deployment = api.post("/api/deployments", json=body()).json()
     other = make_api(api)
     for method, path in [("get", f"/api/deployments/{deployment['id']}"),
+                         ("get", f"/api/deployments/{deployment['id']}/events"),
                          ("delete", f"/api/deployments/{deployment['id']}")]:
         assert_error(getattr(other, method)(path), 404, "not_found")
     assert other.get("/api/deployments").json()["data"] == []
@@ -87,6 +88,37 @@ def test_another_projects_deployment_is_404(api: Api, body, make_api, stack: Sta
     # Their checkpoints are not theirs to deploy either.
     assert_error(other.post("/api/deployments", json={"name": "x", "checkpoint_id": "ckpt_" + "0" * 24}),
                  422, "checkpoint_not_found", "checkpoint_id")
+
+
+def test_events_are_oldest_first_with_a_cursor(api: Api, body, stack: Stack) -> None:
+    first = api.post("/api/deployments", json=body()).json()
+    second = api.post("/api/deployments", json=body(name="other")).json()
+    api.delete(f"/api/deployments/{first['id']}")  # pending: stopped at once
+    path = f"/api/deployments/{first['id']}/events"
+    events = api.get(path).json()
+    assert events["object"] == "list" and not events["has_more"]
+    assert [(e["kind"], e["status"]) for e in events["data"]] == [
+        ("status", "pending"), ("waiting", "pending"), ("status", "stopped")]
+    assert events["data"][0]["message"] == "deployment created"
+    assert {e["object"] for e in events["data"]} == {"specdeck.deployment.event"}
+    assert {e["stage"] for e in events["data"]} == {None}
+    assert events["last_id"] == events["data"][-1]["id"] > events["data"][0]["id"]
+    # Only this deployment's events: the other one has its own, written in between.
+    theirs = api.get(f"/api/deployments/{second['id']}/events").json()["data"]
+    assert [e["status"] for e in theirs] == ["pending", "pending"]
+    assert events["data"][0]["id"] < theirs[0]["id"] < events["data"][-1]["id"]
+
+    page = api.get(path, params={"limit": 2}).json()
+    assert page["data"] == events["data"][:2] and page["has_more"]
+    rest = api.get(path, params={"after": page["last_id"]}).json()
+    assert rest["data"] == events["data"][2:] and not rest["has_more"]
+    done = api.get(path, params={"after": rest["last_id"]}).json()
+    assert done == {"object": "list", "data": [], "has_more": False, "last_id": None}
+
+    assert_error(api.get("/api/deployments/dep_" + "0" * 24 + "/events"), 404, "not_found")
+    for params, param in [({"after": -1}, "after"), ({"after": 2**63}, "after"),
+                          ({"limit": 0}, "limit"), ({"limit": 101}, "limit")]:
+        assert_error(api.get(path, params=params), 422, "invalid_value", param)
 
 
 @pytest.mark.parametrize("overrides, code, param", [

@@ -390,3 +390,51 @@ def test_jobs_reference_datasets_by_id(api: Api, job_body, stack: Stack, make_ap
     assert "--resume" in regenerate
     prep = next(s for s in plan["stages"] if s["stage"] == "preparing_data")["argv"]
     assert prep[prep.index("--data") + 1].endswith(f"{preset_job.json()['id']}/regenerated.jsonl")
+
+
+def add_metrics(job_id: str, *rows: tuple[int | None, int | None, str]) -> None:
+    """Metric rows as the worker writes them: (step, epoch, name), in this order of ids."""
+    from app.db import session_scope
+    from app.db.models import JobMetric
+
+    with session_scope() as session:
+        for step, epoch, name in rows:
+            session.add(JobMetric(job_id=job_id, step=step, epoch=epoch, name=name, value=1.0))
+            session.flush()  # ids in the order given
+
+
+def test_progress_is_the_latest_training_step_with_a_1_based_epoch(api: Api, job_body,
+                                                                    stack: Stack) -> None:
+    from sqlalchemy import event
+
+    from app.db import get_engine
+
+    training, fresh = (api.post("/api/jobs", json=job_body(speculator={"epochs": 3})).json()
+                       for _ in range(2))
+    assert training["progress"] is None and fresh["progress"] is None
+    # Data regeneration (a step, no epoch) and validation (an epoch, no step) are no training.
+    add_metrics(training["id"], (40, None, "data/regenerated_conversations"),
+                (None, 0, "val/loss_epoch"))
+    assert api.job(training["id"])["progress"] is None
+    # The trainer's first epoch is its epoch 0; the latest row counts (by id), not the highest
+    # step: a resumed trainer goes back to its checkpoint's step.
+    add_metrics(training["id"], (10, 0, "train/loss"), (10, 0, "lr/AdamW"), (25, 1, "train/loss"),
+                (None, 1, "val/loss_epoch"), (20, 1, "train/loss"))
+    expected = {"epoch": 2, "epochs": 3, "step": 20}
+    assert api.job(training["id"])["progress"] == expected
+
+    statements: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+        statements.append(statement)
+
+    event.listen(get_engine(), "before_cursor_execute", record)
+    try:
+        page = api.get("/api/jobs").json()["data"]
+    finally:
+        event.remove(get_engine(), "before_cursor_execute", record)
+    assert {j["id"]: j["progress"] for j in page} == {training["id"]: expected, fresh["id"]: None}
+    assert len([s for s in statements if "job_metrics" in s]) == 1  # one query for the page
+
+    cancelled = api.post(f"/api/jobs/{training['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled" and cancelled["progress"] == expected

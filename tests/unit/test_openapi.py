@@ -50,6 +50,8 @@ def component(document: dict[str, Any], name: str) -> dict[str, Any]:
     ("get", "/api/keys", {"200", "401", "422", "503"}),
     ("delete", "/api/keys/{key_id}", {"200", "401", "404", "422", "503"}),
     ("post", "/api/verifiers/inspect", {"200", "400", "401", "413", "422", "503"}),
+    ("get", "/api/me", {"200", "401", "503"}),
+    ("get", "/api/deployments/{deployment_id}/events", {"200", "401", "404", "422", "503"}),
     ("get", "/readyz", {"200", "503"}),
     ("post", "/v1/chat/completions",
      {"200", "400", "401", "404", "413", "429", "4XX", "502", "503", "504"}),
