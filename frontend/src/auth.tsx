@@ -1,14 +1,12 @@
 // Who is signed in: the key (in session.ts) and the identity the API gives for it (GET /api/me:
-// the project and the key's name and prefix). Any 401 clears the key and shows sign-in again.
+// the project and the key's name and prefix; fetched with the key given, before it is stored). Any 401 clears the key and shows sign-in again.
 import { createContext, useContext, useEffect, useSyncExternalStore, type ReactNode } from "react";
 import { useQuery, useQueryClient } from "@tanstack/react-query";
 import { ApiError } from "./api/errors";
+import type { components } from "./api/schema";
 import { session } from "./api/session";
 
-export interface Identity {
-  project: { id: string; name: string };
-  key: { id: string; name: string; prefix: string };
-}
+export type Identity = components["schemas"]["IdentityOut"];
 
 /** Ask the API who this key is; throws an ApiError (401 for a bad key). */
 export async function whoIs(key: string): Promise<Identity> {

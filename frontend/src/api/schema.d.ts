@@ -349,6 +349,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/deployments/{deployment_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Events
+         * @description Status changes (restarts included) and the serving processes started and exited, oldest
+         *     first; pass ``last_id`` back as ``after`` for the next page.
+         */
+        get: operations["list_events_api_deployments__deployment_id__events_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -484,6 +505,26 @@ export interface paths {
          *     serve a revoked key for up to that long. Revoking a revoked key changes nothing.
          */
         delete: operations["revoke_key_api_keys__key_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/me": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Identity
+         * @description The caller's project and the key making this request (its prefix, never the key).
+         */
+        get: operations["get_identity_api_me_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -656,6 +697,39 @@ export interface components {
             drafter: string;
             verifier: string;
         });
+        /**
+         * DeploymentEventOut
+         * @description An event of a deployment; ``stage`` is always null (deployments have no stages).
+         */
+        DeploymentEventOut: {
+            /**
+             * Object
+             * @default specdeck.deployment.event
+             * @constant
+             */
+            object: "specdeck.deployment.event";
+            /** Id */
+            id: number;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Kind */
+            kind: string;
+            /** Attempt */
+            attempt: number;
+            /** Status */
+            status: string | null;
+            /** Stage */
+            stage: string | null;
+            /** Message */
+            message: string;
+            /** Data */
+            data: {
+                [key: string]: unknown;
+            } | null;
+        };
         /** DeploymentOut */
         DeploymentOut: {
             /**
@@ -816,6 +890,17 @@ export interface components {
              */
             beat_ngram: boolean;
         };
+        /** IdentityOut */
+        IdentityOut: {
+            /**
+             * Object
+             * @default specdeck.identity
+             * @constant
+             */
+            object: "specdeck.identity";
+            project: components["schemas"]["ProjectRef"];
+            key: components["schemas"]["KeyOut"];
+        };
         /** JobCreate */
         JobCreate: {
             /** Verifier */
@@ -865,6 +950,8 @@ export interface components {
              * @description Mean acceptance length measured by serving the drafter on held-out prompts (tokens per verifier pass): the number that decides the speedup. Null until the evaluation has run.
              */
             served_acceptance_length: number | null;
+            /** @description Training progress; null until the trainer reports its first training step */
+            progress: components["schemas"]["JobProgress"] | null;
             /** Verifier */
             verifier: string;
             /** Dataset */
@@ -925,6 +1012,27 @@ export interface components {
             started_at: string | null;
             /** Finished At */
             finished_at: string | null;
+        };
+        /**
+         * JobProgress
+         * @description Where training is, from the trainer's latest training metric line.
+         */
+        JobProgress: {
+            /**
+             * Epoch
+             * @description The epoch being trained, counted from 1, so that "epoch {epoch}/{epochs}" reads right: 1 during the first epoch, epochs during and after the last. The trainer, the checkpoints and the metrics (GET /api/jobs/{id}/metrics) number epochs from 0: this is their epoch + 1.
+             */
+            epoch: number;
+            /**
+             * Epochs
+             * @description The epochs the job trains (speculator.epochs)
+             */
+            epochs: number;
+            /**
+             * Step
+             * @description The trainer's global step at that line (counted over all epochs)
+             */
+            step: number;
         };
         /**
          * JobStatus
@@ -1080,6 +1188,21 @@ export interface components {
             /** Last Id */
             last_id: string | number | null;
         };
+        /** Page[DeploymentEventOut] */
+        Page_DeploymentEventOut_: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["DeploymentEventOut"][];
+            /** Has More */
+            has_more: boolean;
+            /** Last Id */
+            last_id: string | number | null;
+        };
         /** Page[DeploymentOut] */
         Page_DeploymentOut_: {
             /**
@@ -1210,6 +1333,13 @@ export interface components {
             };
             /** Stages */
             stages: components["schemas"]["StagePlanOut"][];
+        };
+        /** ProjectRef */
+        ProjectRef: {
+            /** Id */
+            id: string;
+            /** Name */
+            name: string;
         };
         /** PublishRequest */
         PublishRequest: {
@@ -3005,6 +3135,69 @@ export interface operations {
             };
         };
     };
+    list_events_api_deployments__deployment_id__events_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                after?: number;
+            };
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Page_DeploymentEventOut_"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     list_models_v1_models_get: {
         parameters: {
             query?: never;
@@ -3589,6 +3782,46 @@ export interface operations {
             };
             /** @description Invalid request: the field is named in error.param */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_identity_api_me_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["IdentityOut"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -21,20 +21,10 @@ const STATUSES: Record<JobStatus, true> = {
 };
 const TERMINAL = new Set<string>(["succeeded", "failed", "cancelled"]);
 
-// TODO(schema): JobOut.progress is being added to the API; switch to the typed field then.
-interface Progress {
-  epoch: number | null;
-  epochs: number;
-  step: number | null;
-}
-
-function progressOf(job: Job): string | null {
-  const progress = (job as Job & { progress?: Progress | null }).progress;
-  if (!progress || typeof progress.epochs !== "number") return null;
-  const parts = [];
-  if (progress.epoch != null) parts.push(`epoch ${progress.epoch}/${progress.epochs}`);
-  if (progress.step != null) parts.push(`step ${progress.step}`);
-  return parts.length ? parts.join(", ") : null;
+/** "epoch N/M, step S" while a job trains (JobOut.progress: epoch counted from 1). */
+export function progressOf(job: Job): string | null {
+  const progress = job.progress;
+  return progress ? `epoch ${progress.epoch}/${progress.epochs}, step ${progress.step}` : null;
 }
 
 function JobRow({ job }: { job: Job }) {
