@@ -64,7 +64,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
               evaluated
             </span>
           )}
-          <div className="mono dim small">{checkpoint.id}</div>
+          <div className="mono dim small hide-narrow">{checkpoint.id}</div>
         </td>
         <td className="num">{num(metric(checkpoint, "loss_epoch"), 4)}</td>
         <td className="num hide-narrow">{num(metric(checkpoint, "eal_epoch"), 2)}</td>

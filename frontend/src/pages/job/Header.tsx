@@ -10,7 +10,7 @@ import { isTerminal, keys, num, type JobWithProgress } from "./model";
 function Progress({ job }: { job: JobWithProgress }) {
   const progress = job.progress;
   if (!progress) {
-    return <span className="dim">{job.status === "succeeded" ? "done" : "not training yet"}</span>;
+    return isTerminal(job.status) ? null : <span className="dim">no training step yet</span>;
   }
   // Epochs completed: all of them once the job is past training, else the ones before this.
   const done = job.status === "succeeded" ? progress.epochs : progress.epoch - 1;

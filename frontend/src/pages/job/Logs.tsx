@@ -7,12 +7,16 @@ import { keys } from "./model";
 
 const TAIL = 500;
 
-/** Lines without their trailing padding (the trainer pads to the terminal width), nor the
+// A progress bar drawn across a 1000-column terminal: its run of bar characters, shortened.
+const LONG_BAR = /([━─═█])\1{40,}/g;
+
+/** Lines without their trailing padding (the trainer pads to its terminal's width), nor the
  * blank lines at the end; of a line redrawn with carriage returns, only its last drawing. */
 export function tidyLog(text: string): string {
   const lines = text.split(/\r?\n/).map((line) => {
     const drawn = line.replace(/\s+$/, "");
-    return drawn.slice(drawn.lastIndexOf("\r") + 1).replace(/\s+$/, "");
+    const last = drawn.slice(drawn.lastIndexOf("\r") + 1).replace(/\s+$/, "");
+    return last.replace(LONG_BAR, (run) => `${run.slice(0, 40)}…`);
   });
   while (lines.length && lines[lines.length - 1] === "") lines.pop();
   return lines.join("\n");
@@ -34,9 +38,12 @@ export function Logs({ jobId, running }: { jobId: string; running: boolean }) {
     refetchInterval: follow ? 2000 : false,
   });
   const pre = useRef<HTMLPreElement>(null);
+  const shown = useRef(false); // the first lines shown open at their end too
 
   useLayoutEffect(() => {
-    if (follow && pre.current) pre.current.scrollTop = pre.current.scrollHeight;
+    if (!pre.current) return;
+    if (follow || !shown.current) pre.current.scrollTop = pre.current.scrollHeight;
+    shown.current = true;
   }, [follow, logs.data]);
 
   return (

@@ -6,14 +6,26 @@ import { CopyBlock } from "../../components/copy";
 import { QueryState } from "../../components/states";
 import { keys } from "./model";
 
-/** argv as a line a POSIX shell reads back the same, its environment in front. */
-export function shellLine(argv: string[], env: Record<string, string> = {}): string {
-  const quote = (s: string) => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
-  const vars = Object.entries(env).map(([k, v]) => `${k}=${v === "" ? "''" : quote(v)}`);
-  return [...vars, ...argv.map(quote)].join(" ");
+const quote = (s: string) => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
+
+/** argv as a command a POSIX shell reads back the same, its environment in front, each
+ * --option on a line of its own. */
+export function shellCommand(argv: string[], env: Record<string, string> = {}): string {
+  const words = [...Object.entries(env).map(([k, v]) => `${k}=${quote(v)}`), ...argv.map(quote)];
+  if (words.length === 0) return "";
+  return words.reduce((text, word) => (word.startsWith("--") ? `${text} \\\n    ${word}` : `${text} ${word}`));
 }
 
 const ids = (list: number[]) => (list.length ? list.join(", ") : "none");
+
+function KvRow({ term, value }: { term: string; value: string }) {
+  return (
+    <>
+      <dt>{term}</dt>
+      <dd className="mono">{value}</dd>
+    </>
+  );
+}
 
 function PlanBody({ plan }: { plan: PlanOut }) {
   return (
@@ -31,25 +43,14 @@ function PlanBody({ plan }: { plan: PlanOut }) {
       <ol className="plan-stages">
         {plan.stages.map((stage, i) => (
           <li key={`${stage.stage}-${i}`}>
-            <h3>
-              <span className="mono">{stage.stage}</span>{" "}
-              <span className="dim">
-                {stage.description}; GPUs {ids(stage.gpus)}
-              </span>
-            </h3>
-            <CopyBlock label={`${stage.stage} command`} text={shellLine(stage.argv, stage.env)} />
+            <h3 className="mono">{stage.stage}</h3>
+            <p className="hint">
+              {stage.description}; GPUs {ids(stage.gpus)}
+            </p>
+            <CopyBlock label={`Stage ${i + 1} command`} text={shellCommand(stage.argv, stage.env)} />
           </li>
         ))}
       </ol>
-    </>
-  );
-}
-
-function KvRow({ term, value }: { term: string; value: string }) {
-  return (
-    <>
-      <dt>{term}</dt>
-      <dd className="mono">{value}</dd>
     </>
   );
 }
