@@ -1,4 +1,126 @@
-// Placeholder until this page is written.
+// /jobs/:jobId: one job, live. The job is asked for every 2 s while it runs and again on each
+// new event of its stream; its metrics every 3 s; everything once more when it ends.
+import { useEffect, useMemo, useRef } from "react";
+import { Link, useParams } from "react-router-dom";
+import { useQuery, useQueryClient } from "@tanstack/react-query";
+import { api, must } from "../api/client";
+import { ApiError } from "../api/errors";
+import { ErrorNote, Loading, QueryState } from "../components/states";
+import { CheckpointsTable } from "./job/Checkpoints";
+import { JobHeader } from "./job/Header";
+import { Logs } from "./job/Logs";
+import { trainingSeries } from "./job/metrics";
+import { isTerminal, keys, type JobWithProgress } from "./job/model";
+import { Plan } from "./job/Plan";
+import { ServedAcceptance } from "./job/ServedAcceptance";
+import { Timeline } from "./job/Timeline";
+import { TrainingCharts } from "./job/TrainingCharts";
+import { useJobEvents } from "./job/useJobEvents";
+import "./JobDetail.css";
+
+function JobPage({ job }: { job: JobWithProgress }) {
+  const queryClient = useQueryClient();
+  const running = !isTerminal(job.status);
+  const { events, connection, error } = useJobEvents(job.id);
+
+  // A new event may change the job (status, stage) and its checkpoints.
+  const newest = events.length ? events[events.length - 1].id : null;
+  useEffect(() => {
+    if (newest === null || !running) return;
+    queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
+    queryClient.invalidateQueries({ queryKey: keys.checkpoints(job.id) });
+  }, [newest, running, job.id, queryClient]);
+
+  // When it ends while shown: everything once more (the last metrics, log lines, evaluation).
+  const wasRunning = useRef(running);
+  useEffect(() => {
+    if (wasRunning.current && !running) queryClient.invalidateQueries({ queryKey: keys.job(job.id) });
+    wasRunning.current = running;
+  }, [running, job.id, queryClient]);
+
+  const metrics = useQuery({
+    queryKey: keys.metrics(job.id),
+    queryFn: () => must(api.GET("/api/jobs/{job_id}/metrics", { params: { path: { job_id: job.id } } })),
+    refetchInterval: running ? 3000 : false,
+  });
+  const series = useMemo(() => trainingSeries(metrics.data?.data ?? []), [metrics.data]);
+
+  const checkpoints = useQuery({
+    queryKey: keys.checkpoints(job.id),
+    queryFn: () => must(api.GET("/api/jobs/{job_id}/checkpoints", { params: { path: { job_id: job.id } } })),
+    // A publish under way is finished by a worker: look again until it is done.
+    refetchInterval: (query) =>
+      query.state.data?.data.some((c) => c.publish_status === "publishing") ? 3000 : false,
+  });
+
+  return (
+    <div className="job-detail">
+      <p className="crumbs">
+        <Link to="/jobs">← Jobs</Link>
+      </p>
+      <JobHeader job={job} />
+
+      <ServedAcceptance job={job} checkpoints={checkpoints.data?.data} servedPositions={series.servedPositions} />
+
+      <section aria-labelledby="training-title" className="training">
+        <h2 id="training-title">Training</h2>
+        {metrics.isPending ? (
+          <Loading what="Loading metrics" />
+        ) : metrics.error ? (
+          <ErrorNote error={metrics.error} retry={() => metrics.refetch()} />
+        ) : (
+          <TrainingCharts series={series} running={running} />
+        )}
+      </section>
+
+      <section aria-labelledby="checkpoints-title" className="card">
+        <h2 id="checkpoints-title">Checkpoints</h2>
+        <QueryState
+          query={checkpoints}
+          what="Loading checkpoints"
+          isEmpty={(page) => page.data.length === 0}
+          empty={running ? "No checkpoints yet: one is saved after each epoch." : "This job saved no checkpoints."}
+        >
+          {(page) => <CheckpointsTable checkpoints={page.data} suggested={job.publish} />}
+        </QueryState>
+      </section>
+
+      <div className="grid2 live">
+        <Timeline events={events} connection={connection} error={error} />
+        <Logs jobId={job.id} running={running} />
+      </div>
+
+      <Plan jobId={job.id} />
+    </div>
+  );
+}
+
 export default function JobDetail() {
-  return <h1>JobDetail</h1>;
+  const { jobId = "" } = useParams();
+  const job = useQuery({
+    queryKey: keys.job(jobId),
+    queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: jobId } } })) as Promise<JobWithProgress>,
+    // Every 2 s until it ends; not at all for a job that is not there.
+    refetchInterval: (query) => {
+      const { data, error } = query.state;
+      if (error instanceof ApiError && error.status < 500) return false;
+      return data && isTerminal(data.status) ? false : 2000;
+    },
+  });
+
+  if (job.error instanceof ApiError && job.error.status === 404) {
+    return (
+      <div className="state empty" role="alert">
+        <h1>No such job</h1>
+        <p>
+          There is no job <code>{jobId}</code> in this project. <Link to="/jobs">Back to the jobs</Link>
+        </p>
+      </div>
+    );
+  }
+  return (
+    <QueryState query={job} what="Loading the job">
+      {(data) => <JobPage job={data} />}
+    </QueryState>
+  );
 }

@@ -1,0 +1,132 @@
+// The job's identity and state: id, status and stage, why it failed, what it trains, when,
+// how far it is, and the Cancel button while it can still be cancelled.
+import { useMutation, useQueryClient } from "@tanstack/react-query";
+import { api, must } from "../../api/client";
+import { messageOf } from "../../api/errors";
+import { StatusBadge } from "../../components/status";
+import { Duration, RelTime } from "../../components/time";
+import { isTerminal, keys, num, type JobWithProgress } from "./model";
+
+function Progress({ job }: { job: JobWithProgress }) {
+  const progress = job.progress;
+  if (!progress) {
+    return isTerminal(job.status) ? null : <span className="dim">no training step yet</span>;
+  }
+  // Epochs completed: all of them once the job is past training, else the ones before this.
+  const done = job.status === "succeeded" ? progress.epochs : progress.epoch - 1;
+  return (
+    <span className="progress">
+      <progress max={progress.epochs} value={done} aria-label="Epochs completed" />
+      <span>
+        epoch {progress.epoch}/{progress.epochs}, step {progress.step}
+      </span>
+    </span>
+  );
+}
+
+function CancelButton({ job }: { job: JobWithProgress }) {
+  const queryClient = useQueryClient();
+  const cancel = useMutation({
+    mutationFn: () => must(api.POST("/api/jobs/{job_id}/cancel", { params: { path: { job_id: job.id } } })),
+    onSuccess: (updated) => {
+      queryClient.setQueryData(keys.job(job.id), updated);
+      queryClient.invalidateQueries({ queryKey: ["jobs"] });
+    },
+  });
+  const cancelling = job.status === "cancelling";
+  return (
+    <div className="cancel">
+      <button
+        type="button"
+        className="danger"
+        disabled={cancel.isPending || cancelling}
+        onClick={() => window.confirm(`Cancel job ${job.id}? Its processes are stopped.`) && cancel.mutate()}
+      >
+        {cancelling ? "Cancelling…" : "Cancel job"}
+      </button>
+      {cancel.error && (
+        <div className="field-error" role="alert">
+          {messageOf(cancel.error)}
+        </div>
+      )}
+    </div>
+  );
+}
+
+export function JobHeader({ job }: { job: JobWithProgress }) {
+  const spec = job.speculator as Record<string, unknown>;
+  return (
+    <header className="card job-head">
+      <div className="job-title">
+        <h1>
+          Job <span className="mono">{job.id}</span>
+        </h1>
+        {!isTerminal(job.status) && <CancelButton job={job} />}
+      </div>
+      <p className="job-state">
+        <span>
+          Status{" "}
+          <span data-testid="job-status">
+            <StatusBadge status={job.status} />
+          </span>
+        </span>
+        <span>
+          Stage <strong data-testid="job-stage">{job.stage ?? "—"}</strong>
+        </span>
+        <Progress job={job} />
+      </p>
+      {(job.status === "failed" || job.status_reason) && (
+        <div className={`state${job.status === "failed" ? " error" : ""}`} role={job.status === "failed" ? "alert" : undefined}>
+          {job.error_code && <code className="error-code">{job.error_code}</code>} {job.status_reason ?? "No reason given."}
+        </div>
+      )}
+      <dl className="kv job-kv">
+        <dt>Verifier</dt>
+        <dd className="mono">{job.verifier}</dd>
+        <dt>Dataset</dt>
+        <dd className="mono">{job.dataset}</dd>
+        <dt>Runtime</dt>
+        <dd>
+          {job.runtime}, {job.mode} mode
+        </dd>
+        <dt>Speculator</dt>
+        <dd>
+          {String(spec.type ?? "dflash")}: block size {String(spec.block_size)}, {String(spec.num_layers)} layers,{" "}
+          {String(spec.epochs)} epochs, lr {String(spec.lr)}
+        </dd>
+        <dt>Served AL</dt>
+        <dd>{num(job.served_acceptance_length, 2)}</dd>
+        <dt>Created</dt>
+        <dd>
+          <RelTime at={job.created_at} />
+        </dd>
+        <dt>Started</dt>
+        <dd>
+          <RelTime at={job.started_at} />
+        </dd>
+        <dt>Finished</dt>
+        <dd>
+          <RelTime at={job.finished_at} />
+        </dd>
+        <dt>Duration</dt>
+        <dd>
+          <Duration from={job.started_at} to={job.finished_at ?? (isTerminal(job.status) ? job.updated_at : null)} />
+        </dd>
+        {job.worker && (
+          <>
+            <dt>Worker</dt>
+            <dd className="mono">
+              {job.worker} (attempt {job.attempt})
+            </dd>
+          </>
+        )}
+        {job.publish && (
+          <>
+            <dt>Publish to</dt>
+            <dd className="mono">{job.publish}</dd>
+          </>
+        )}
+      </dl>
+    </header>
+  );
+}
