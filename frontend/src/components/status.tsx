@@ -9,3 +9,7 @@ const TONE: Record<string, string> = {
 export function StatusBadge({ status }: { status: string }) {
   return <span className={`badge ${TONE[status] ?? "wait"}`}>{status}</span>;
 }
+
+/** A job in one of these states changes no more (app/services/state.py TERMINAL). */
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+export const isTerminal = (status: string | undefined) => status !== undefined && TERMINAL.has(status);

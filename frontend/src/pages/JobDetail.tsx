@@ -10,7 +10,7 @@ import { CheckpointsTable } from "./job/Checkpoints";
 import { JobHeader } from "./job/Header";
 import { Logs } from "./job/Logs";
 import { trainingSeries } from "./job/metrics";
-import { isTerminal, keys, type JobWithProgress } from "./job/model";
+import { isTerminal, keys, type Job } from "./job/model";
 import { Plan } from "./job/Plan";
 import { ServedAcceptance } from "./job/ServedAcceptance";
 import { Timeline } from "./job/Timeline";
@@ -18,7 +18,7 @@ import { TrainingCharts } from "./job/TrainingCharts";
 import { useJobEvents } from "./job/useJobEvents";
 import "./JobDetail.css";
 
-function JobPage({ job }: { job: JobWithProgress }) {
+function JobPage({ job }: { job: Job }) {
   const queryClient = useQueryClient();
   const running = !isTerminal(job.status);
   const { events, connection, error } = useJobEvents(job.id);
@@ -99,7 +99,7 @@ export default function JobDetail() {
   const { jobId = "" } = useParams();
   const job = useQuery({
     queryKey: keys.job(jobId),
-    queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: jobId } } })) as Promise<JobWithProgress>,
+    queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: jobId } } })) as Promise<Job>,
     // Every 2 s until it ends; not at all for a job that is not there.
     refetchInterval: (query) => {
       const { data, error } = query.state;

@@ -4,7 +4,7 @@ import { useQuery } from "@tanstack/react-query";
 import { api, must, type Job, type Schemas } from "../api/client";
 import { Pager, useCursor } from "../components/pager";
 import { QueryState } from "../components/states";
-import { StatusBadge } from "../components/status";
+import { StatusBadge, isTerminal } from "../components/status";
 import { Duration, RelTime } from "../components/time";
 import "./jobs/jobs.css";
 
@@ -19,7 +19,6 @@ const STATUSES: Record<JobStatus, true> = {
   cancelling: true,
   cancelled: true,
 };
-const TERMINAL = new Set<string>(["succeeded", "failed", "cancelled"]);
 
 /** "epoch N/M, step S" while a job trains (JobOut.progress: epoch counted from 1). */
 export function progressOf(job: Job): string | null {
@@ -67,7 +66,7 @@ export default function Jobs() {
         }),
       ),
     // Follow the jobs on the page while any of them can still change.
-    refetchInterval: (query) => (query.state.data?.data.some((j) => !TERMINAL.has(j.status)) ? 3000 : false),
+    refetchInterval: (query) => (query.state.data?.data.some((j) => !isTerminal(j.status)) ? 3000 : false),
   });
 
   return (

@@ -5,9 +5,9 @@ import { api, must } from "../../api/client";
 import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
-import { isTerminal, keys, num, type JobWithProgress } from "./model";
+import { isTerminal, keys, num, type Job } from "./model";
 
-function Progress({ job }: { job: JobWithProgress }) {
+function Progress({ job }: { job: Job }) {
   const progress = job.progress;
   if (!progress) {
     return isTerminal(job.status) ? null : <span className="dim">no training step yet</span>;
@@ -24,7 +24,7 @@ function Progress({ job }: { job: JobWithProgress }) {
   );
 }
 
-function CancelButton({ job }: { job: JobWithProgress }) {
+function CancelButton({ job }: { job: Job }) {
   const queryClient = useQueryClient();
   const cancel = useMutation({
     mutationFn: () => must(api.POST("/api/jobs/{job_id}/cancel", { params: { path: { job_id: job.id } } })),
@@ -53,7 +53,7 @@ function CancelButton({ job }: { job: JobWithProgress }) {
   );
 }
 
-export function JobHeader({ job }: { job: JobWithProgress }) {
+export function JobHeader({ job }: { job: Job }) {
   const spec = job.speculator as Record<string, unknown>;
   return (
     <header className="card job-head">

@@ -1,17 +1,7 @@
 // What the job detail page knows about a job beyond the generated schema, and small helpers.
-import type { Job } from "../../api/client";
+export type { Job } from "../../api/client";
 
-/** A job in one of these states changes no more (app/services/state.py TERMINAL). */
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-export const isTerminal = (status: string | undefined) => status !== undefined && TERMINAL.has(status);
-
-// TODO(schema): JobOut.progress is being added to the API; switch to the generated type then.
-export interface JobProgress {
-  epoch: number; // counted from 1 ("epoch 2/3"), unlike the trainer's epochs
-  epochs: number;
-  step: number;
-}
-export type JobWithProgress = Job & { progress?: JobProgress | null };
+export { isTerminal } from "../../components/status";
 
 /**
  * A served evaluation (job.evaluation, checkpoint.evaluation; workers/pipeline/evaluate.py):
