@@ -39,7 +39,8 @@ function Events({ deployment }: { deployment: Deployment }) {
   const events = useQuery({
     queryKey: ["deployment-events", deployment.id],
     queryFn: () => fetchDeploymentEvents(deployment.id),
-    refetchInterval: isTerminal(deployment) ? false : 3000,
+    // null: this server has no events route (TODO(schema)); nothing to follow then.
+    refetchInterval: (query) => (isTerminal(deployment) || query.state.data === null ? false : 3000),
   });
   return (
     <section className="card" aria-label="Events">
@@ -126,7 +127,7 @@ function Detail({ deployment }: { deployment: Deployment }) {
     <>
       <div className="toolbar deploy-head">
         <div>
-          <h1 className="mono">{deployment.name}</h1>
+          <h1>{deployment.name}</h1>
           <div className="mono dim">{deployment.id}</div>
         </div>
         <span className="spacer" />
@@ -191,7 +192,7 @@ function Detail({ deployment }: { deployment: Deployment }) {
               )}
             </dl>
           </section>
-          <Snippets deployment={deployment} />
+          {!isTerminal(deployment) && <Snippets deployment={deployment} />}
         </div>
         <Events deployment={deployment} />
       </div>

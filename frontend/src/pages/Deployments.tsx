@@ -46,7 +46,7 @@ export default function Deployments() {
                     <th>Status</th>
                     <th className="hide-narrow">Drafter</th>
                     <th className="hide-narrow">Verifier</th>
-                    <th className="num">Restarts</th>
+                    <th className="num hide-narrow">Restarts</th>
                     <th className="hide-narrow">Runtime</th>
                     <th>Age</th>
                   </tr>
@@ -65,9 +65,9 @@ export default function Deployments() {
                       </td>
                       <td className="hide-narrow mono wrap-anywhere">{d.drafter}</td>
                       <td className="hide-narrow mono wrap-anywhere">{d.verifier}</td>
-                      <td className="num">{d.restarts}</td>
+                      <td className="num hide-narrow">{d.restarts}</td>
                       <td className="hide-narrow">{d.runtime}</td>
-                      <td>
+                      <td className="nowrap">
                         <RelTime at={d.created_at} />
                       </td>
                     </tr>

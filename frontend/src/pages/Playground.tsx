@@ -23,19 +23,21 @@ interface Exchange {
   stats?: ChatStats;
 }
 
+const plural = (n: number, word: string) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
 function Stats({ stats, state }: { stats?: ChatStats; state: Exchange["state"] }) {
   if (!stats) return null;
   const rate = tokensPerSecond(stats);
   const source =
     stats.tokensFrom === "usage"
-      ? `${stats.tokens} tokens from the gateway's usage`
-      : `${stats.tokens} content chunks counted (no usage sent)`;
+      ? `${plural(stats.tokens, "token")} from the gateway's usage`
+      : `${plural(stats.tokens, "content chunk")} counted (no usage sent)`;
   return (
     <p className="play-stats" title="tok/s: completion tokens over the whole request, time to first token included">
       <span>TTFT {stats.ttftMs === null ? "—" : `${Math.round(stats.ttftMs)} ms`}</span>
       <span>{rate === null ? "— tok/s" : `${rate.toFixed(1)} tok/s`}</span>
       <span className="dim">
-        {state === "streaming" ? `${stats.tokens} chunks so far` : source}
+        {state === "streaming" ? `${plural(stats.tokens, "chunk")} so far` : source}
         {stats.finishReason === "length" && " · cut at max tokens"}
         {state === "stopped" && " · stopped"}
       </span>
@@ -56,9 +58,16 @@ function Turn({ exchange, latest, index }: { exchange: Exchange; latest: boolean
           {exchange.model}
           {exchange.state === "streaming" && <span className="spinner" aria-hidden="true" />}
         </span>
-        <div className="play-text" {...live}>
+        <div className={`play-text${exchange.state === "error" && !exchange.answer ? " play-failed" : ""}`} {...live}>
           {exchange.answer}
-          {exchange.state === "streaming" && !exchange.answer && <span className="dim">Waiting for the first token…</span>}
+          {!exchange.answer && exchange.state === "streaming" && <span className="dim">Waiting for the first token…</span>}
+          {!exchange.answer && exchange.state === "done" && (
+            <span className="dim">
+              (no text: the model stopped at once
+              {exchange.stats?.finishReason ? `, finish_reason "${exchange.stats.finishReason}"` : ""})
+            </span>
+          )}
+          {!exchange.answer && exchange.state === "stopped" && <span className="dim">(stopped before the first token)</span>}
         </div>
         {exchange.error && (
           <div className="state error play-error" role="alert">
@@ -92,7 +101,8 @@ export default function Playground() {
   const [errors, setErrors] = useState<Record<string, string>>({});
   const abort = useRef<AbortController | null>(null);
   const nextId = useRef(1);
-  const endRef = useRef<HTMLDivElement>(null);
+  const listRef = useRef<HTMLOListElement>(null);
+  const stick = useRef(true);
   const streaming = exchanges.some((e) => e.state === "streaming");
 
   const deployments = useQuery({
@@ -114,8 +124,14 @@ export default function Playground() {
     else if (!model && !wanted && ready.length) setModel(ready[0]);
   }, [readyKey, wanted]);
 
-  useEffect(() => () => abort.current?.abort(), []);
-  useEffect(() => endRef.current?.scrollIntoView?.({ block: "nearest" }), [exchanges.length]);
+  useEffect(() => {
+    return () => abort.current?.abort(); // leaving the page stops the stream
+  }, []);
+  // Keep the newest text in view while streaming, unless the reader scrolled up.
+  useEffect(() => {
+    const list = listRef.current;
+    if (list && stick.current) list.scrollTop = list.scrollHeight;
+  }, [exchanges]);
 
   function update(id: number, change: Partial<Exchange> | ((e: Exchange) => Partial<Exchange>)) {
     setExchanges((list) =>
@@ -125,7 +141,9 @@ export default function Playground() {
 
   function validate(): Record<string, string> {
     const e: Record<string, string> = {};
-    if (!ready.includes(model)) e.model = "Choose a ready deployment";
+    // Until the list has loaded, a deployment named by ?deployment= may be sent to (the gateway
+    // answers 404 or 503 if it is not ready).
+    if (!model || (!deployments.isPending && !ready.includes(model))) e.model = "Choose a ready deployment";
     if (!message.trim()) e.message = "Type a message";
     const m = Number(maxTokens);
     if (!/^\d+$/.test(maxTokens.trim()) || m < 1 || m > MAX_TOKENS_MAX)
@@ -153,6 +171,7 @@ export default function Playground() {
     const id = nextId.current++;
     setExchanges((list) => [...list, { id, model, prompt, answer: "", state: "streaming" }]);
     setMessage("");
+    stick.current = true;
     const controller = new AbortController();
     abort.current = controller;
     try {
@@ -167,7 +186,10 @@ export default function Playground() {
       update(id, { state: "done", stats });
     } catch (error) {
       if (controller.signal.aborted) update(id, { state: "stopped" });
-      else update(id, { state: "error", error: explain(error) });
+      else {
+        update(id, { state: "error", error: explain(error) });
+        if (error instanceof ApiError && error.param === "model") void deployments.refetch(); // the list is stale
+      }
     } finally {
       if (abort.current === controller) abort.current = null;
     }
@@ -195,7 +217,7 @@ export default function Playground() {
     <>
       <h1>Playground</h1>
       <div className="play">
-        <section className="card play-settings" aria-label="Settings">
+        <section className="card play-settings" aria-label="Request options">
           {deployments.isPending ? (
             <Loading what="Loading deployments" />
           ) : deployments.error ? (
@@ -282,14 +304,20 @@ export default function Playground() {
           {exchanges.length === 0 ? (
             <p className="state empty">Send a message to start a conversation.</p>
           ) : (
-            <ol className="play-turns">
+            <ol
+              className="play-turns"
+              ref={listRef}
+              onScroll={(e) => {
+                const el = e.currentTarget;
+                stick.current = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+              }}
+            >
               {exchanges.map((e, i) => (
                 <Turn key={e.id} exchange={e} index={i} latest={i === exchanges.length - 1} />
               ))}
             </ol>
           )}
-          <div ref={endRef} />
-          <form onSubmit={send} className="play-compose" aria-label="Send a message" noValidate>
+          <form onSubmit={send} className="play-compose" aria-label="Compose" noValidate>
             <Field id="play-message" label="Message" error={errors.message} hint="Enter sends; Shift+Enter: a new line.">
               <textarea
                 {...described("play-message", errors.message, true)}
