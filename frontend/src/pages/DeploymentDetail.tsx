@@ -39,8 +39,7 @@ function Events({ deployment }: { deployment: Deployment }) {
   const events = useQuery({
     queryKey: ["deployment-events", deployment.id],
     queryFn: () => fetchDeploymentEvents(deployment.id),
-    // null: this server has no events route (TODO(schema)); nothing to follow then.
-    refetchInterval: (query) => (isTerminal(deployment) || query.state.data === null ? false : 3000),
+    refetchInterval: isTerminal(deployment) ? false : 3000,
   });
   return (
     <section className="card" aria-label="Events">
@@ -48,12 +47,12 @@ function Events({ deployment }: { deployment: Deployment }) {
       <QueryState
         query={events}
         what="Loading events"
-        isEmpty={(list) => list === null || list.length === 0}
+        isEmpty={(list) => list.length === 0}
         empty={<p>No events.</p>}
       >
         {(list) => (
           <ol className="deploy-events" aria-label="Event timeline">
-            {[...(list ?? [])].reverse().map((e) => (
+            {[...list].reverse().map((e) => (
               <li key={e.id}>
                 <RelTime at={e.created_at} />
                 {e.status && <StatusBadge status={e.status} />}

@@ -1,6 +1,5 @@
 // Shared by the deployment pages: statuses, the events request, the client snippets.
-import { authedFetch, type Deployment } from "../../api/client";
-import { ApiError } from "../../api/errors";
+import { api, must, type Deployment, type Schemas } from "../../api/client";
 
 /** A deployment in one of these never changes again (app/services/state.py). */
 export const TERMINAL = new Set(["stopped", "failed"]);
@@ -9,41 +8,21 @@ export const DELETABLE = new Set(["pending", "starting", "ready"]);
 
 export const isTerminal = (d: Pick<Deployment, "status">) => TERMINAL.has(d.status);
 
-// TODO(schema): GET /api/deployments/{id}/events is being added; switch to the typed client
-// (and EventOut-like types from schema.d.ts) once it is in openapi.json.
-export interface DeploymentEvent {
-  id: number;
-  created_at: string;
-  kind: string;
-  status?: string | null;
-  message: string;
-  data?: Record<string, unknown> | null;
-}
+export type DeploymentEvent = Schemas["DeploymentEventOut"];
 
-interface EventPage {
-  data: DeploymentEvent[];
-  has_more: boolean;
-  last_id: number | null;
-}
-
-/** The deployment's events, oldest first; null when this server has no events route (404). */
-export async function fetchDeploymentEvents(id: string): Promise<DeploymentEvent[] | null> {
+/** The deployment's events, oldest first (up to 1000). */
+export async function fetchDeploymentEvents(id: string): Promise<DeploymentEvent[]> {
   const events: DeploymentEvent[] = [];
-  let after: number | null = null;
+  let after: number | undefined;
   for (let page = 0; page < 10; page++) {
-    const query = new URLSearchParams({ limit: "100" });
-    if (after !== null) query.set("after", String(after));
-    let body: EventPage;
-    try {
-      const response = await authedFetch(`/api/deployments/${encodeURIComponent(id)}/events?${query}`);
-      body = (await response.json()) as EventPage;
-    } catch (error) {
-      if (error instanceof ApiError && error.status === 404) return null; // TODO(schema)
-      throw error;
-    }
+    const body = await must(
+      api.GET("/api/deployments/{deployment_id}/events", {
+        params: { path: { deployment_id: id }, query: { limit: 100, after } },
+      }),
+    );
     events.push(...body.data);
-    if (!body.has_more || body.last_id === null) break;
-    after = body.last_id;
+    if (!body.has_more || body.last_id == null) break;
+    after = Number(body.last_id);
   }
   return events;
 }
