@@ -2,7 +2,8 @@
 // dashboard: tests/e2e/test_dashboard.py starts `specdeck run` and runs them with
 //   SPECDECK_URL        the server (http://127.0.0.1:<port>)
 //   SPECDECK_KEY        an API key of its project
-//   SPECDECK_DEMO_DATA  the demo conversations (a .jsonl path) to upload
+//   SPECDECK_DEMO_DATA  the demo conversations (a .jsonl path) to upload; not uploaded yet
+//                       (the test runs `specdeck run --no-demo`)
 //   SPECDECK_ARTIFACTS  where screenshots and failure traces go (default test-results)
 //   PLAYWRIGHT_CHROMIUM the browser (default Debian's /usr/bin/chromium)
 import path from "node:path";

@@ -13,55 +13,55 @@ const run = Date.now().toString(36);
 const DATASET_NAME = `e2e-demo-${run}`;
 const DEPLOYMENT_NAME = `e2e-demo-${run}`;
 
-test.describe.serial("the demo flow", () => {
+/** One tab for a serial group's tests (Playwright traces it, and screenshots it on a failure). */
+function useTab(): () => Page {
   let context: BrowserContext;
   let page: Page;
-  let failed = false;
+  test.beforeAll(async ({ browser }) => {
+    context = await browser.newContext({ baseURL: env("SPECDECK_URL"), viewport: { width: 1280, height: 800 } });
+    page = await context.newPage();
+  });
+  test.afterAll(async () => {
+    await context.close();
+  });
+  return () => page;
+}
+
+test.describe.serial("the demo flow", () => {
+  const tab = useTab();
+  let page: Page;
   // What the steps make, for the later steps.
   let datasetId = "";
   let jobId = "";
 
-  test.beforeAll(async ({ browser }) => {
+  test.beforeAll(() => {
     clearState();
-    context = await browser.newContext({ baseURL: env("SPECDECK_URL"), viewport: { width: 1280, height: 800 } });
-    await context.tracing.start({ screenshots: true, snapshots: true });
-    page = await context.newPage();
-  });
-
-  test.afterEach(async ({}, testInfo) => {
-    if (testInfo.status !== testInfo.expectedStatus) {
-      failed = true;
-      await page.screenshot({ path: testInfo.outputPath("failure.png"), fullPage: true }).catch(() => {});
-    }
-  });
-
-  test.afterAll(async ({}, testInfo) => {
-    await context.tracing.stop(failed ? { path: path.join(testInfo.project.outputDir, "flow-trace.zip") } : {});
-    await context.close();
+    page = tab();
   });
 
   /** Fill the New job form for the demo verifier (its "Use demo settings" when the form has it). */
   async function newDemoJob(options: { epochs: number; evaluate: boolean }): Promise<string> {
     await page.goto("/jobs");
-    await page.getByRole("link", { name: "New job" }).click();
+    await page.getByRole("link", { name: "New job" }).or(page.getByRole("button", { name: "New job" })).click();
     await expect(page).toHaveURL(/\/jobs\/new$/);
+    await expect(page.getByRole("button", { name: "Create job" })).toBeVisible();
     const demo = page.getByRole("button", { name: /use demo settings/i });
     if (await demo.isVisible()) {
       await demo.click();
     } else {
-      await page.getByLabel("Verifier").fill("demo");
-      await page.getByLabel("Runtime").selectOption("local");
-      await page.getByLabel("Block size").fill("8");
-      await page.getByLabel("Draft layers").fill("2");
-      await page.getByLabel("Max anchors").fill("32");
-      await page.getByLabel("Sequence length").fill("512");
-      await page.getByLabel("Learning rate").fill("0.003");
+      await page.getByLabel("Verifier", { exact: true }).fill("demo");
+      await page.getByLabel("Runtime", { exact: true }).selectOption("local");
+      await page.getByLabel("Block size", { exact: true }).fill("8");
+      await page.getByLabel("Draft layers", { exact: true }).fill("2");
+      await page.getByLabel("Max anchors", { exact: true }).fill("32");
+      await page.getByLabel("Sequence length", { exact: true }).fill("512");
+      await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
     }
-    const dataset = page.getByLabel("Dataset");
+    const dataset = page.getByLabel("Dataset", { exact: true });
     await expect(dataset.locator(`option[value="${datasetId}"]`)).toHaveCount(1);
     await dataset.selectOption(datasetId);
-    await page.getByLabel("Epochs").fill(String(options.epochs));
-    await page.getByLabel("Evaluate after training").setChecked(options.evaluate);
+    await page.getByLabel("Epochs", { exact: true }).fill(String(options.epochs));
+    await page.getByLabel("Evaluate after training", { exact: true }).setChecked(options.evaluate);
     if (options.evaluate) {
       await fillIfPresent(page, /^(evaluation )?prompts$/i, "4");
       await fillIfPresent(page, /^(evaluation )?max (new )?tokens$/i, "32");
@@ -88,14 +88,14 @@ test.describe.serial("the demo flow", () => {
       );
       await page.getByRole("link", { name: "Datasets", exact: true }).click();
       await expect(page.getByRole("heading", { level: 1, name: "Datasets" })).toBeVisible();
-      await page.getByLabel("JSONL file").setInputFiles(bad);
+      await page.getByLabel("JSONL file", { exact: true }).setInputFiles(bad);
       await page.getByRole("button", { name: "Upload" }).click();
       await expect(page.getByRole("list", { name: "Problems in the file" })).toContainText("Line 2:");
     });
 
     await test.step("3. upload the demo dataset", async () => {
-      await page.getByLabel("JSONL file").setInputFiles(env("SPECDECK_DEMO_DATA"));
-      await page.getByLabel("Name (optional)").fill(DATASET_NAME);
+      await page.getByLabel("JSONL file", { exact: true }).setInputFiles(env("SPECDECK_DEMO_DATA"));
+      await page.getByLabel("Name (optional)", { exact: true }).fill(DATASET_NAME);
       await page.getByRole("button", { name: "Upload" }).click();
       await expect(page.getByRole("list", { name: "Problems in the file" })).toHaveCount(0);
       const row = page.getByRole("row").filter({ has: page.getByRole("button", { name: `Delete dataset ${DATASET_NAME}` }) });
@@ -159,8 +159,8 @@ test.describe.serial("the demo flow", () => {
       const best = page.getByRole("table", { name: "Checkpoints" }).getByRole("row").filter({ hasText: /\bbest\b/ });
       await best.getByRole("button", { name: /^Deploy checkpoint/ }).first().click();
       await expect(page).toHaveURL(/\/deployments\/new\?checkpoint=ckpt_/);
-      await expect(page.getByLabel("Checkpoint id")).toHaveValue(/^ckpt_/);
-      await page.getByLabel("Name").fill(DEPLOYMENT_NAME);
+      await expect(page.getByLabel("Checkpoint id", { exact: true })).toHaveValue(/^ckpt_/);
+      await page.getByLabel("Name", { exact: true }).fill(DEPLOYMENT_NAME);
       await page.getByRole("button", { name: "Create deployment" }).click();
       await expect(page).toHaveURL(/\/deployments\/dep_[0-9a-f]+$/, { timeout: 30_000 });
       saveState({ deploymentId: new URL(page.url()).pathname.split("/").pop() });
@@ -168,8 +168,8 @@ test.describe.serial("the demo flow", () => {
 
       await page.getByRole("link", { name: "Open in playground" }).click();
       await expect(page).toHaveURL(/\/playground\?deployment=/);
-      await expect(page.getByLabel("Deployment").locator("option:checked")).toContainText(DEPLOYMENT_NAME);
-      await page.getByLabel("Message").fill("Tell me about the lighthouse in Lisbon.");
+      await expect(page.getByLabel("Deployment", { exact: true }).locator("option:checked")).toContainText(DEPLOYMENT_NAME);
+      await page.getByLabel("Message", { exact: true }).fill("Tell me about the lighthouse in Lisbon.");
       await fillIfPresent(page, /^max tokens$/i, "32");
       await page.getByRole("button", { name: "Send" }).click();
       const answer = page.getByRole("log", { name: "Answer" });
@@ -200,17 +200,29 @@ test.describe.serial("the demo flow", () => {
       await expect(remove).toBeVisible(); // still listed
     });
   });
+});
 
-  test("settings: a secret and the keys", async () => {
+// Apart from the training flow, so that its failure does not hide these; last, as step 12 revokes
+// the key the other steps use.
+test.describe.serial("settings", () => {
+  const tab = useTab();
+  let page: Page;
+
+  test.beforeAll(async () => {
+    page = tab();
+    await signIn(page, env("SPECDECK_KEY"));
+  });
+
+  test("a secret and the keys", async () => {
     await test.step("11. HF_TOKEN is saved and its value is never shown", async () => {
       const value = `hf_e2e_${run}_${Math.random().toString(36).slice(2)}`;
       await page.getByRole("link", { name: "Settings", exact: true }).click();
       const secrets = page.getByRole("region", { name: "Secrets" });
-      await secrets.getByLabel("Secret name").fill("HF_TOKEN");
-      await secrets.getByLabel("Secret value").fill(value);
+      await secrets.getByLabel("Secret name", { exact: true }).fill("HF_TOKEN");
+      await secrets.getByLabel("Secret value", { exact: true }).fill(value);
       await secrets.getByRole("button", { name: "Save secret" }).click();
       await expect(secrets.getByRole("button", { name: "Delete secret HF_TOKEN" })).toBeVisible();
-      await expect(secrets.getByLabel("Secret value")).toHaveValue("");
+      await expect(secrets.getByLabel("Secret value", { exact: true })).toHaveValue("");
       expect(await page.content()).not.toContain(value);
       await page.reload();
       await expect(page.getByRole("region", { name: "Secrets" }).getByRole("button", { name: "Delete secret HF_TOKEN" })).toBeVisible();
@@ -219,7 +231,7 @@ test.describe.serial("the demo flow", () => {
 
     await test.step("12. revoking the key in use signs this browser out", async () => {
       const keys = page.getByRole("region", { name: "API keys" });
-      await keys.getByLabel("Key name").fill(`e2e-${run}`);
+      await keys.getByLabel("Key name", { exact: true }).fill(`e2e-${run}`);
       await keys.getByRole("button", { name: "Create key" }).click();
       const shown = page.locator('[aria-label="New API key"]');
       await expect(shown).toContainText(/sdk-/);
@@ -232,7 +244,7 @@ test.describe.serial("the demo flow", () => {
       acceptNextDialog(page);
       await mine.getByRole("button", { name: /^Revoke key / }).click();
       await expect(page).toHaveURL(/\/sign-in$/);
-      await expect(page.getByLabel("API key")).toBeVisible();
+      await expect(page.getByLabel("API key", { exact: true })).toBeVisible();
     });
   });
 });

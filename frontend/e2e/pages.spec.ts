@@ -15,14 +15,16 @@ const LOCAL_HOSTS = new Set(["127.0.0.1", "localhost", "[::1]"]);
 type StorageState = Awaited<ReturnType<BrowserContext["storageState"]>>;
 
 interface Watched {
-  context: BrowserContext;
   page: Page;
   offHost: string[]; // requests to other hosts, all aborted
   errors: string[]; // console errors and uncaught exceptions
 }
 
+const opened: BrowserContext[] = []; // closed after each test
+
 async function openOffline(browser: Browser, storageState?: StorageState): Promise<Watched> {
   const context = await browser.newContext({ baseURL: env("SPECDECK_URL"), storageState, viewport: SIZES[0] });
+  opened.push(context);
   const offHost: string[] = [];
   await context.route(
     (url) => /^(https?|wss?):$/.test(url.protocol) && !LOCAL_HOSTS.has(url.hostname),
@@ -37,7 +39,7 @@ async function openOffline(browser: Browser, storageState?: StorageState): Promi
     if (message.type() === "error") errors.push(`console error: ${message.text()} (${message.location().url})`);
   });
   page.on("pageerror", (error) => errors.push(`uncaught: ${error.message}`));
-  return { context, page, offHost, errors };
+  return { page, offHost, errors };
 }
 
 /** Open the page at both sizes: h1, loaded, no error state, a screenshot, no overflow at 390. */
@@ -101,6 +103,10 @@ const PAGES: { name: string; path: string | ((page: Page) => Promise<string | nu
 test.describe("every page, offline", () => {
   let signedIn: StorageState;
 
+  test.afterEach(async () => {
+    await Promise.all(opened.splice(0).map((context) => context.close()));
+  });
+
   test.beforeAll(async ({ browser }) => {
     // flow.spec.ts revokes SPECDECK_KEY at its end and leaves the key it made instead.
     const key = readState().key ?? env("SPECDECK_KEY");
@@ -113,23 +119,21 @@ test.describe("every page, offline", () => {
   test("sign-in", async ({ browser }) => {
     const watched = await openOffline(browser);
     await checkPage(watched, "sign-in", "/sign-in");
-    await expect(watched.page.getByLabel("API key")).toBeVisible();
-    await watched.context.close();
+    await expect(watched.page.getByLabel("API key", { exact: true })).toBeVisible();
   });
 
   for (const { name, path } of PAGES) {
     test(name, async ({ browser }) => {
       const watched = await openOffline(browser, signedIn);
-      const resolved = typeof path === "string" ? path : await path(watched.page);
+        const resolved = typeof path === "string" ? path : await path(watched.page);
       if (name === "deployment-detail") test.skip(!resolved, "no deployment exists");
       expect(resolved, `a ${name} page to show (flow.spec.ts makes one)`).toBeTruthy();
       await checkPage(watched, name, resolved!);
-      await watched.context.close();
     });
   }
 
   test("/docs and /redoc", async ({ browser }) => {
-    const { context, page, offHost } = await openOffline(browser);
+    const { page, offHost } = await openOffline(browser);
     await page.goto("/docs");
     await expect(page.locator(".swagger-ui .opblock").first()).toBeVisible();
     expect(await page.locator(".swagger-ui .opblock").count()).toBeGreaterThan(10);
@@ -137,6 +141,5 @@ test.describe("every page, offline", () => {
     await expect(page.getByRole("heading", { level: 1, name: /SpecDeck/ })).toBeVisible();
     await expect(page.locator(".menu-content")).toBeVisible();
     expect(offHost, "requests to other hosts").toEqual([]);
-    await context.close();
   });
 });

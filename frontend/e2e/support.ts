@@ -47,7 +47,7 @@ export function clearState(): void {
 /** Sign in as a user does: the form on /sign-in, then the jobs page. */
 export async function signIn(page: Page, key: string, { remember = false } = {}): Promise<void> {
   await page.goto("/sign-in");
-  await page.getByLabel("API key").fill(key);
+  await page.getByLabel("API key", { exact: true }).fill(key);
   if (remember) await page.getByLabel(/stay signed in/i).check();
   await page.getByRole("button", { name: "Sign in" }).click();
   await expect(page).toHaveURL(/\/jobs$/);

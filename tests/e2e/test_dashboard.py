@@ -46,7 +46,8 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
     assert npx, "npx is not on PATH (Node.js >= 20 is needed for the dashboard)"
 
     demo_data = seed_demo(tmp_path, demo_assets)
-    run = start(tmp_path, free_port(), {**FAST, "SPECDECK_DASHBOARD_DIR": str(DIST)})
+    # --no-demo: the flow uploads the demo conversations itself, through the Datasets page.
+    run = start(tmp_path, free_port(), {**FAST, "SPECDECK_DASHBOARD_DIR": str(DIST)}, ("--no-demo",))
     started: list[psutil.Process] = []
     try:
         run.wait_ready()

@@ -36,7 +36,7 @@ class SpecdeckRun:
     cwd: Path
     port: int
     key: str
-    dataset_id: str
+    dataset_id: str | None  # None with --no-demo
 
     @property
     def url(self) -> str:
@@ -73,14 +73,14 @@ class SpecdeckRun:
             self.proc.wait()
 
 
-def start(cwd: Path, port: int, env: dict[str, str] | None = None,
+def start(cwd: Path, port: int, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
           timeout: float = 120) -> SpecdeckRun:
-    """Start `specdeck run --port PORT` in ``cwd`` and wait for its banner (key, demo dataset).
-    ``env``: SPECDECK_ settings on top of none."""
+    """Start `specdeck run --port PORT [ARGS]` in ``cwd`` and wait for its banner (the key, and
+    the demo dataset unless --no-demo). ``env``: SPECDECK_ settings on top of none."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECK_")}
     environ.update({"PYTHONUNBUFFERED": "1", **(env or {})})
     with (cwd / LOG).open("w") as log:
-        proc = subprocess.Popen([SPECDECK, "run", "--port", str(port)], cwd=cwd, env=environ,
+        proc = subprocess.Popen([SPECDECK, "run", "--port", str(port), *args], cwd=cwd, env=environ,
                                 stdout=log, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -92,12 +92,13 @@ def start(cwd: Path, port: int, env: dict[str, str] | None = None,
         time.sleep(0.2)
     key = re.search(r"API key \(project 'default'\): (\S+)", text)
     dataset = re.search(r"demo dataset: (ds_\w+)", text)
-    if not (key and dataset and "Ctrl-C stops" in text):
+    if not (key and (dataset or "--no-demo" in args) and "Ctrl-C stops" in text):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        raise AssertionError(f"`specdeck run` printed no key and demo dataset:\n{text}")
-    return SpecdeckRun(proc=proc, cwd=cwd, port=port, key=key.group(1), dataset_id=dataset.group(1))
+        raise AssertionError(f"`specdeck run` printed no key (or no demo dataset):\n{text}")
+    return SpecdeckRun(proc=proc, cwd=cwd, port=port, key=key.group(1),
+                       dataset_id=dataset.group(1) if dataset else None)
 
 
 def processes_in(directory: Path) -> list[psutil.Process]:
