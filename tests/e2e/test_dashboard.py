@@ -33,6 +33,13 @@ FAST = {
 }
 
 
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> None:
     assert (DIST / "index.html").is_file(), (
         "frontend/dist/index.html is missing: the dashboard is not built. Run `make install` with "
@@ -59,22 +66,23 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
                "PLAYWRIGHT_CHROMIUM": str(CHROMIUM)}
         playwright = subprocess.run([npx, "playwright", "test"], cwd=FRONTEND, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    timeout=1050)
+                                    timeout=1000)
         (ARTIFACTS / "playwright.log").write_text(playwright.stdout)
-        assert playwright.returncode == 0, (
-            f"Playwright failed (screenshots, traces: {ARTIFACTS}):\n{playwright.stdout}\n"
-            f"--- specdeck run ---\n{run.output()[-20000:]}")
-        for page in ("sign-in", "jobs", "job-detail", "datasets", "settings"):
-            for size in ("1280x800", "390x844"):
-                assert (ARTIFACTS / "screenshots" / f"{page}-{size}.png").is_file(), (page, size)
 
         # Ctrl-C stops everything it started: the API, the worker, its engines and trainers.
         started = psutil.Process(run.proc.pid).children(recursive=True)
         run.interrupt()
+        alive = [p for p in started if running(p)]
+        left = processes_in(tmp_path)
+
+        rc = playwright.returncode
+        assert rc == 0, (f"Playwright failed (screenshots, traces: {ARTIFACTS}):\n{playwright.stdout}\n"
+                         f"--- specdeck run ---\n{run.output()[-20000:]}")
+        for page in ("sign-in", "jobs", "job-detail", "datasets", "settings"):
+            for size in ("1280x800", "390x844"):
+                assert (ARTIFACTS / "screenshots" / f"{page}-{size}.png").is_file(), (page, size)
         assert "stopped" in run.output()
-        alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert alive == [], [p.cmdline() for p in alive]
-        assert processes_in(tmp_path) == []
+        assert alive == [] and left == [], [p.cmdline() for p in [*alive, *left]]
     finally:
         run.kill()
         for leftover in [*started, *processes_in(tmp_path)]:
