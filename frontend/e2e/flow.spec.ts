@@ -1,0 +1,250 @@
+// The dashboard's whole story, as a user clicks through it (issue 10, "Done when"): sign in,
+// upload data, train the demo drafter, watch it live, deploy its best checkpoint, chat with it,
+// cancel a job, see a refused delete, store a secret, revoke the key in use.
+// One browser tab for all of it; each numbered step is a test.step, so a failure names it.
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { expect, test, type BrowserContext, type Page } from "@playwright/test";
+import { acceptNextDialog, clearState, env, fillIfPresent, saveState, signIn } from "./support";
+
+const TERMINAL = /succeeded|failed|cancelled/i;
+const run = Date.now().toString(36);
+const DATASET_NAME = `e2e-demo-${run}`;
+const DEPLOYMENT_NAME = `e2e-demo-${run}`;
+
+/** One tab for a serial group's tests (Playwright traces it, and screenshots it on a failure). */
+function useTab(): () => Page {
+  let context: BrowserContext;
+  let page: Page;
+  test.beforeAll(async ({ browser }) => {
+    context = await browser.newContext({ baseURL: env("SPECDECK_URL"), viewport: { width: 1280, height: 800 } });
+    page = await context.newPage();
+  });
+  test.afterAll(async () => {
+    await context.close();
+  });
+  return () => page;
+}
+
+test.describe.serial("the demo flow", () => {
+  const tab = useTab();
+  let page: Page;
+  // What the steps make, for the later steps.
+  let datasetId = "";
+  let jobId = "";
+
+  test.beforeAll(() => {
+    clearState();
+    page = tab();
+  });
+
+  /** Fill the New job form for the demo verifier (its "Use demo settings" when the form has it). */
+  async function newDemoJob(options: { epochs: number; evaluate: boolean }): Promise<string> {
+    await page.goto("/jobs");
+    await page.getByRole("link", { name: "New job" }).or(page.getByRole("button", { name: "New job" })).click();
+    await expect(page).toHaveURL(/\/jobs\/new$/);
+    await expect(page.getByRole("button", { name: "Create job" })).toBeVisible();
+    const demo = page.getByRole("button", { name: /use demo settings/i });
+    if (await demo.isVisible()) {
+      await demo.click();
+    } else {
+      await page.getByLabel("Verifier", { exact: true }).fill("demo");
+      await page.getByLabel("Runtime", { exact: true }).selectOption("local");
+      await page.getByLabel("Block size", { exact: true }).fill("8");
+      await page.getByLabel("Draft layers", { exact: true }).fill("2");
+      await page.getByLabel("Max anchors", { exact: true }).fill("32");
+      await page.getByLabel("Sequence length", { exact: true }).fill("512");
+      await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
+    }
+    const dataset = page.getByLabel("Dataset", { exact: true });
+    await expect(dataset.locator(`option[value="${datasetId}"]`)).toHaveCount(1);
+    await dataset.selectOption(datasetId);
+    await page.getByLabel("Epochs", { exact: true }).fill(String(options.epochs));
+    await page.getByLabel("Evaluate after training", { exact: true }).setChecked(options.evaluate);
+    if (options.evaluate) {
+      await fillIfPresent(page, /^(evaluation )?prompts$/i, "4");
+      await fillIfPresent(page, /^(evaluation )?max (new )?tokens$/i, "32");
+    }
+    await page.getByRole("button", { name: "Create job" }).click();
+    await expect(page).toHaveURL(/\/jobs\/job_[0-9a-f]+$/, { timeout: 30_000 });
+    const id = new URL(page.url()).pathname.split("/").pop()!;
+    await expect(page.getByRole("heading", { level: 1 })).toContainText(id);
+    return id;
+  }
+
+  test("sign in and upload data", async () => {
+    await test.step("1. sign in with the key", async () => {
+      await signIn(page, env("SPECDECK_KEY"));
+      await expect(page.getByTestId("project-name")).toHaveText("default");
+    });
+
+    await test.step("2. a bad JSONL file is refused, line by line", async () => {
+      const bad = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "specdeck-e2e-")), "bad.jsonl");
+      fs.writeFileSync(
+        bad,
+        '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n' +
+          '{"messages": "not a list"}\n',
+      );
+      await page.getByRole("link", { name: "Datasets", exact: true }).click();
+      await expect(page.getByRole("heading", { level: 1, name: "Datasets" })).toBeVisible();
+      await page.getByLabel("JSONL file", { exact: true }).setInputFiles(bad);
+      await page.getByRole("button", { name: "Upload" }).click();
+      await expect(page.getByRole("list", { name: "Problems in the file" })).toContainText("Line 2:");
+    });
+
+    await test.step("3. upload the demo dataset", async () => {
+      await page.getByLabel("JSONL file", { exact: true }).setInputFiles(env("SPECDECK_DEMO_DATA"));
+      await page.getByLabel("Name (optional)", { exact: true }).fill(DATASET_NAME);
+      await page.getByRole("button", { name: "Upload" }).click();
+      await expect(page.getByRole("list", { name: "Problems in the file" })).toHaveCount(0);
+      const row = page.getByRole("row").filter({ has: page.getByRole("button", { name: `Delete dataset ${DATASET_NAME}` }) });
+      await expect(row).toBeVisible();
+      datasetId = /ds_[0-9a-f]+/.exec((await row.textContent()) ?? "")?.[0] ?? "";
+      expect(datasetId, "the new row shows the dataset's id").not.toBe("");
+    });
+  });
+
+  test("train the demo drafter and watch it", async () => {
+    await test.step("4. create the demo job through the New job form", async () => {
+      jobId = await newDemoJob({ epochs: 2, evaluate: true });
+      saveState({ jobId });
+    });
+
+    const status = page.getByTestId("job-status");
+    const stage = page.getByTestId("job-stage");
+
+    await test.step("5. the job moves through its stages live", async () => {
+      // A mark in this document: still there at the end means the page never reloaded.
+      await page.evaluate(() => ((window as unknown as { e2eMark: boolean }).e2eMark = true));
+      const events = page.getByRole("list", { name: "Event timeline" }).getByRole("listitem");
+      await expect(status).toBeVisible();
+      const first = await events.count();
+      const stages = new Set<string>();
+      await expect
+        .poll(
+          async () => {
+            const text = (await stage.textContent())?.trim();
+            if (text) stages.add(text);
+            return stages.size;
+          },
+          { message: "the job's stage changes on the page", timeout: 6 * 60_000, intervals: [250] },
+        )
+        .toBeGreaterThanOrEqual(2);
+      await expect
+        .poll(() => events.count(), { message: "the event timeline grows", timeout: 5 * 60_000 })
+        .toBeGreaterThan(first);
+      expect(await page.evaluate(() => (window as unknown as { e2eMark?: boolean }).e2eMark)).toBe(true);
+    });
+
+    await test.step("6. the training loss chart has data points", async () => {
+      const loss = page.getByRole("region", { name: "Training loss" });
+      await expect
+        .poll(() => loss.locator(".recharts-line-dot, .recharts-dot").count(), { timeout: 6 * 60_000 })
+        .toBeGreaterThan(0);
+    });
+
+    await test.step("7. the job succeeds with an evaluated best checkpoint", async () => {
+      await expect(status).toHaveText(TERMINAL, { timeout: 8 * 60_000 });
+      await expect(status).toHaveText(/succeeded/i);
+      const checkpoints = page.getByRole("table", { name: "Checkpoints" });
+      await expect(checkpoints.getByRole("row").filter({ hasText: /\bbest\b/ }).first()).toBeVisible();
+      await expect(page.getByRole("region", { name: "Served acceptance" })).toContainText(/\d\.\d/);
+    });
+  });
+
+  test("deploy the best checkpoint and chat with it", async () => {
+    await test.step("8. deploy, wait for ready, stream an answer in the playground", async () => {
+      await page.goto(`/jobs/${jobId}`);
+      const best = page.getByRole("table", { name: "Checkpoints" }).getByRole("row").filter({ hasText: /\bbest\b/ });
+      await best.getByRole("button", { name: /^Deploy checkpoint/ }).first().click();
+      await expect(page).toHaveURL(/\/deployments\/new\?checkpoint=ckpt_/);
+      await expect(page.getByLabel("Checkpoint id", { exact: true })).toHaveValue(/^ckpt_/);
+      await page.getByLabel("Name", { exact: true }).fill(DEPLOYMENT_NAME);
+      await page.getByRole("button", { name: "Create deployment" }).click();
+      await expect(page).toHaveURL(/\/deployments\/dep_[0-9a-f]+$/, { timeout: 30_000 });
+      saveState({ deploymentId: new URL(page.url()).pathname.split("/").pop() });
+      await expect(page.getByTestId("deployment-status")).toHaveText(/ready/i, { timeout: 5 * 60_000 });
+
+      await page.getByRole("link", { name: "Open in playground" }).click();
+      await expect(page).toHaveURL(/\/playground\?deployment=/);
+      await expect(page.getByLabel("Deployment", { exact: true }).locator("option:checked")).toContainText(DEPLOYMENT_NAME);
+      await page.getByLabel("Message", { exact: true }).fill("Tell me about the lighthouse in Lisbon.");
+      await fillIfPresent(page, /^max tokens$/i, "32");
+      await page.getByRole("button", { name: "Send" }).click();
+      const answer = page.getByRole("log", { name: "Answer" });
+      await expect(answer).not.toBeEmpty({ timeout: 2 * 60_000 });
+      await expect(page.getByText(/TTFT/)).toBeVisible({ timeout: 2 * 60_000 });
+    });
+  });
+
+  test("cancel a second job", async () => {
+    await test.step("9. create a second job and cancel it on its page", async () => {
+      await newDemoJob({ epochs: 50, evaluate: false });
+      const status = page.getByTestId("job-status");
+      await expect(status).toBeVisible();
+      acceptNextDialog(page);
+      await page.getByRole("button", { name: "Cancel job" }).click();
+      await expect(status).toHaveText(/cancelled/i, { timeout: 2 * 60_000 });
+    });
+  });
+
+  test("a dataset in use cannot be deleted", async () => {
+    await test.step("10. deleting the demo dataset shows the API's 409", async () => {
+      await page.goto("/datasets");
+      const remove = page.getByRole("button", { name: `Delete dataset ${DATASET_NAME}` });
+      acceptNextDialog(page);
+      await remove.click();
+      const row = page.getByRole("row").filter({ has: remove });
+      await expect(row.getByRole("alert")).toContainText(/used by job job_[0-9a-f]+.*cannot be deleted/);
+      await expect(remove).toBeVisible(); // still listed
+    });
+  });
+});
+
+// Apart from the training flow, so that its failure does not hide these; last, as step 12 revokes
+// the key the other steps use.
+test.describe.serial("settings", () => {
+  const tab = useTab();
+  let page: Page;
+
+  test.beforeAll(async () => {
+    page = tab();
+    await signIn(page, env("SPECDECK_KEY"));
+  });
+
+  test("a secret and the keys", async () => {
+    await test.step("11. HF_TOKEN is saved and its value is never shown", async () => {
+      const value = `hf_e2e_${run}_${Math.random().toString(36).slice(2)}`;
+      await page.getByRole("link", { name: "Settings", exact: true }).click();
+      const secrets = page.getByRole("region", { name: "Secrets" });
+      await secrets.getByLabel("Secret name", { exact: true }).fill("HF_TOKEN");
+      await secrets.getByLabel("Secret value", { exact: true }).fill(value);
+      await secrets.getByRole("button", { name: "Save secret" }).click();
+      await expect(secrets.getByRole("button", { name: "Delete secret HF_TOKEN" })).toBeVisible();
+      await expect(secrets.getByLabel("Secret value", { exact: true })).toHaveValue("");
+      expect(await page.content()).not.toContain(value);
+      await page.reload();
+      await expect(page.getByRole("region", { name: "Secrets" }).getByRole("button", { name: "Delete secret HF_TOKEN" })).toBeVisible();
+      expect(await page.content()).not.toContain(value);
+    });
+
+    await test.step("12. revoking the key in use signs this browser out", async () => {
+      const keys = page.getByRole("region", { name: "API keys" });
+      await keys.getByLabel("Key name", { exact: true }).fill(`e2e-${run}`);
+      await keys.getByRole("button", { name: "Create key" }).click();
+      const shown = page.locator('[aria-label="New API key"]');
+      await expect(shown).toContainText(/sdk-/);
+      const created = /sdk-[A-Za-z0-9_-]+/.exec((await shown.textContent()) ?? "")?.[0];
+      expect(created, "the new key's plaintext is shown once").toBeTruthy();
+      saveState({ key: created }); // the project keeps a key; pages.spec.ts signs in with it
+
+      const mine = keys.getByRole("row").filter({ hasText: "this browser" });
+      await expect(mine).toHaveCount(1);
+      acceptNextDialog(page);
+      await mine.getByRole("button", { name: /^Revoke key / }).click();
+      await expect(page).toHaveURL(/\/sign-in$/);
+      await expect(page.getByLabel("API key", { exact: true })).toBeVisible();
+    });
+  });
+});

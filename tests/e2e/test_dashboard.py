@@ -1,0 +1,92 @@
+"""The dashboard in a real browser: `specdeck run` (what `make run` starts) serves the built
+dashboard, and Playwright (frontend/e2e/, Debian's chromium) clicks through the whole flow, then
+opens every page offline at two sizes. Screenshots and failure traces go to
+var/artifacts/dashboard/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+from tests.e2e.conftest import free_port
+from tests.support.specdeck_run import processes_in, seed_demo, start
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+FRONTEND = ROOT / "frontend"
+DIST = FRONTEND / "dist"
+CHROMIUM = Path(os.environ.get("PLAYWRIGHT_CHROMIUM", "/usr/bin/chromium"))
+ARTIFACTS = ROOT / "var" / "artifacts" / "dashboard"
+
+# Quick reactions, so the flow does not wait on timers: cancelling, health checks, the reconciler.
+FAST = {
+    "SPECDECK_DEFAULT_RUNTIME": "local",
+    "SPECDECK_CANCEL_GRACE_SECONDS": "2",
+    "SPECDECK_HEALTH_CHECK_SECONDS": "1",
+    "SPECDECK_RECONCILE_SECONDS": "1",
+}
+
+
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> None:
+    assert (DIST / "index.html").is_file(), (
+        "frontend/dist/index.html is missing: the dashboard is not built. Run `make install` with "
+        "Node.js >= 20 on PATH (or: cd frontend && npm ci && npm run build).")
+    assert (FRONTEND / "node_modules" / ".bin" / "playwright").exists(), (
+        "frontend/node_modules has no Playwright: run `make install` (or: cd frontend && npm ci).")
+    assert CHROMIUM.is_file(), (
+        f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium; .ci/run "
+        "does), or point PLAYWRIGHT_CHROMIUM at a Chromium.")
+    npx = shutil.which("npx")
+    assert npx, "npx is not on PATH (Node.js >= 20 is needed for the dashboard)"
+
+    demo_data = seed_demo(tmp_path, demo_assets)
+    # --no-demo: the flow uploads the demo conversations itself, through the Datasets page.
+    run = start(tmp_path, free_port(), {**FAST, "SPECDECK_DASHBOARD_DIR": str(DIST)}, ("--no-demo",))
+    started: list[psutil.Process] = []
+    try:
+        run.wait_ready()
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
+        ARTIFACTS.mkdir(parents=True)
+        env = {**os.environ, "SPECDECK_URL": run.url, "SPECDECK_KEY": run.key,
+               "SPECDECK_DEMO_DATA": str(demo_data), "SPECDECK_ARTIFACTS": str(ARTIFACTS),
+               "SPECDECK_E2E_STATE": str(tmp_path / "e2e-state.json"),
+               "PLAYWRIGHT_CHROMIUM": str(CHROMIUM)}
+        playwright = subprocess.run([npx, "playwright", "test"], cwd=FRONTEND, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    timeout=1000)
+        (ARTIFACTS / "playwright.log").write_text(playwright.stdout)
+
+        # Ctrl-C stops everything it started: the API, the worker, its engines and trainers.
+        started = psutil.Process(run.proc.pid).children(recursive=True)
+        run.interrupt()
+        alive = [p for p in started if running(p)]
+        left = processes_in(tmp_path)
+
+        rc = playwright.returncode
+        assert rc == 0, (f"Playwright failed (screenshots, traces: {ARTIFACTS}):\n{playwright.stdout}\n"
+                         f"--- specdeck run ---\n{run.output()[-20000:]}")
+        for page in ("sign-in", "jobs", "job-detail", "datasets", "settings"):
+            for size in ("1280x800", "390x844"):
+                assert (ARTIFACTS / "screenshots" / f"{page}-{size}.png").is_file(), (page, size)
+        assert "stopped" in run.output()
+        assert alive == [] and left == [], [p.cmdline() for p in [*alive, *left]]
+    finally:
+        run.kill()
+        for leftover in [*started, *processes_in(tmp_path)]:
+            try:
+                leftover.kill()
+            except psutil.NoSuchProcess:
+                pass
