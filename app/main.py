@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html
+from fastapi.responses import HTMLResponse
 from fastapi_offline import FastAPIOffline
 
 from app.api import (checkpoints, datasets, deployments, jobs, keys, me, openai, secrets,
@@ -27,7 +29,9 @@ def create_app() -> FastAPI:
     # hosts), and no spec sent to Swagger's online validator.
     app = FastAPIOffline(title="SpecDeck", version="0.1.0",
                          description="Train and serve DFlash speculative-decoding drafters.",
-                         static_url=DOCS_ASSETS, swagger_ui_parameters={"validatorUrl": None})
+                         static_url=DOCS_ASSETS, swagger_ui_parameters={"validatorUrl": None},
+                         redoc_url=None)
+    app.get("/redoc", include_in_schema=False)(redoc)
     install_error_handlers(app)
     app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
     for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints,
@@ -40,6 +44,17 @@ def create_app() -> FastAPI:
                        overrides={"/api/datasets": max_upload_body_bytes(settings)})
     app.add_middleware(PrometheusMetrics)
     return app
+
+
+async def redoc() -> HTMLResponse:
+    """ReDoc from the local assets. Its footer's "API docs by Redocly" logo is an image on
+    cdn.redoc.ly; the page's Content-Security-Policy keeps images on this host, so an air-gapped
+    browser makes no request to another host (and waits on none)."""
+    page = get_redoc_html(openapi_url="/openapi.json", title="SpecDeck - ReDoc",
+                          redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                          redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
+    page.headers["Content-Security-Policy"] = "img-src 'self' data:"
+    return page
 
 
 def _no_null_parameters(openapi: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:

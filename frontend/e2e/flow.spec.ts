@@ -100,7 +100,7 @@ test.describe.serial("the demo flow", () => {
       await expect(page.getByRole("list", { name: "Problems in the file" })).toHaveCount(0);
       const row = page.getByRole("row").filter({ has: page.getByRole("button", { name: `Delete dataset ${DATASET_NAME}` }) });
       await expect(row).toBeVisible();
-      datasetId = /ds_[0-9a-f]+/.exec((await row.textContent()) ?? "")?.[0] ?? "";
+      datasetId = /ds_[0-9a-f]{24}/.exec((await row.textContent()) ?? "")?.[0] ?? "";
       expect(datasetId, "the new row shows the dataset's id").not.toBe("");
     });
   });
@@ -149,7 +149,7 @@ test.describe.serial("the demo flow", () => {
       await expect(status).toHaveText(/succeeded/i);
       const checkpoints = page.getByRole("table", { name: "Checkpoints" });
       await expect(checkpoints.getByRole("row").filter({ hasText: /\bbest\b/ }).first()).toBeVisible();
-      await expect(page.getByRole("region", { name: "Served acceptance" })).toContainText(/\d\.\d/);
+      await expect(page.getByRole("region", { name: "Served acceptance", exact: true })).toContainText(/\d\.\d/);
     });
   });
 
@@ -234,8 +234,8 @@ test.describe.serial("settings", () => {
       await keys.getByLabel("Key name", { exact: true }).fill(`e2e-${run}`);
       await keys.getByRole("button", { name: "Create key" }).click();
       const shown = page.locator('[aria-label="New API key"]');
-      await expect(shown).toContainText(/sdk-/);
-      const created = /sdk-[A-Za-z0-9_-]+/.exec((await shown.textContent()) ?? "")?.[0];
+      await expect(shown.locator("pre code")).toHaveText(/^sdk-\S+$/);
+      const created = (await shown.locator("pre code").textContent())?.trim();
       expect(created, "the new key's plaintext is shown once").toBeTruthy();
       saveState({ key: created }); // the project keeps a key; pages.spec.ts signs in with it
 
