@@ -1,3 +1,4 @@
+import { ConfirmAction } from "../components/confirm";
 import { useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, authedFetch, must, type Dataset } from "../api/client";
@@ -110,20 +111,12 @@ function DatasetRow({ dataset }: { dataset: Dataset }) {
         <RelTime at={dataset.created_at} />
       </td>
       <td>
-        <button
-          type="button"
-          className="danger small"
-          aria-label={`Delete dataset ${dataset.name}`}
-          disabled={remove.isPending}
-          onClick={() => window.confirm(`Delete dataset "${dataset.name}"?`) && remove.mutate()}
-        >
-          Delete
-        </button>
-        {remove.error && (
-          <div className="field-error" role="alert">
-            {messageOf(remove.error)}
-          </div>
-        )}
+        <ConfirmAction
+          label="Delete"
+          name={`Delete dataset ${dataset.name}`}
+          question={`Delete dataset "${dataset.name}"?`}
+          action={remove}
+        />
       </td>
     </tr>
   );

@@ -1,10 +1,10 @@
 // The project's API keys. A new key's plaintext is shown once: it lives in this component's
 // state only (the creating mutation is dropped from TanStack's cache at once) and is gone when
 // the user dismisses it or leaves the page. Revoking the key this browser uses signs out.
+import { ConfirmAction } from "../../components/confirm";
 import { useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type ApiKey } from "../../api/client";
-import { messageOf } from "../../api/errors";
 import { session } from "../../api/session";
 import { useAuth } from "../../auth";
 import { CopyBlock } from "../../components/copy";
@@ -33,12 +33,6 @@ function KeyRow({ apiKey, current }: { apiKey: ApiKey; current: boolean }) {
     },
   });
   const label = apiKey.name || <span className="dim">(no name)</span>;
-  function confirmRevoke() {
-    const warning = current
-      ? `Revoke key ${apiKey.prefix}…? This browser signs in with it: you will be signed out at once.`
-      : `Revoke key ${apiKey.prefix}…? Anything using it is refused from now on.`;
-    if (window.confirm(warning)) revoke.mutate();
-  }
   return (
     <tr className={apiKey.revoked_at ? "revoked" : undefined}>
       <td>
@@ -61,20 +55,16 @@ function KeyRow({ apiKey, current }: { apiKey: ApiKey; current: boolean }) {
       </td>
       <td>
         {!apiKey.revoked_at && (
-          <button
-            type="button"
-            className="danger small"
-            aria-label={`Revoke key ${apiKey.prefix}`}
-            disabled={revoke.isPending}
-            onClick={confirmRevoke}
-          >
-            Revoke
-          </button>
-        )}
-        {revoke.error && (
-          <div className="field-error" role="alert">
-            {messageOf(revoke.error)}
-          </div>
+          <ConfirmAction
+            label="Revoke"
+            name={`Revoke key ${apiKey.prefix}`}
+            question={
+              current
+                ? `Revoke key ${apiKey.prefix}…? This browser signs in with it: you will be signed out at once.`
+                : `Revoke key ${apiKey.prefix}…? Anything using it is refused from now on.`
+            }
+            action={revoke}
+          />
         )}
       </td>
     </tr>

@@ -1,10 +1,10 @@
 // Project secrets (HF_TOKEN ...): names and dates only. A value is typed into an uncontrolled
 // password field, read at the moment it is sent, and cleared once saved: it never enters React
 // state, a mutation's variables or the query cache, and the API never returns it.
+import { ConfirmAction } from "../../components/confirm";
 import { useRef, useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type Secret } from "../../api/client";
-import { messageOf } from "../../api/errors";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
 import { QueryState } from "../../components/states";
 import { RelTime } from "../../components/time";
@@ -30,23 +30,12 @@ function SecretRow({ secret }: { secret: Secret }) {
         <RelTime at={secret.updated_at} />
       </td>
       <td>
-        <button
-          type="button"
-          className="danger small"
-          aria-label={`Delete secret ${secret.name}`}
-          disabled={remove.isPending}
-          onClick={() =>
-            window.confirm(`Delete secret ${secret.name}? Jobs that need it will fail until it is set again.`) &&
-            remove.mutate()
-          }
-        >
-          Delete
-        </button>
-        {remove.error && (
-          <div className="field-error" role="alert">
-            {messageOf(remove.error)}
-          </div>
-        )}
+        <ConfirmAction
+          label="Delete"
+          name={`Delete secret ${secret.name}`}
+          question={`Delete secret ${secret.name}? Jobs that need it will fail until it is set again.`}
+          action={remove}
+        />
       </td>
     </tr>
   );
