@@ -50,10 +50,12 @@ class Settings(BaseSettings):
     max_dataset_line_bytes: int = 1_048_576
 
     # Per-project quotas (0: no limit): jobs not yet ended (queued, running, cancelling),
-    # deployments not stopped or failed, and the bytes of the project's uploaded datasets.
+    # deployments not stopped or failed, the bytes of the project's uploaded datasets, and keys.
     quota_active_jobs: int = Field(default=20, ge=0)
     quota_active_deployments: int = Field(default=8, ge=0)
     quota_dataset_bytes: int = Field(default=10 * 1024**3, ge=0)
+    # API keys not revoked (POST /api/keys; `specdeck admin` and `make run` are not limited).
+    quota_api_keys: int = Field(default=50, ge=0)
 
     # Celery queue that kicks go to, and the worker's identity.
     queue: str = "specdeck"

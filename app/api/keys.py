@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.api.deps import CurrentKey, SessionDep
+from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.errors import error_responses
 from app.schemas.common import Page
@@ -21,12 +21,13 @@ KeyId = Annotated[str, Path(pattern=KEY_ID)]
 
 
 @router.post("", status_code=201, response_model=KeyCreated, responses={
-    201: links("key_id", ("delete", "/api/keys/{key_id}")), **error_responses(400, 413)})
-def create_key(body: KeyCreate, key: CurrentKey, session: SessionDep,
+    201: links("key_id", ("delete", "/api/keys/{key_id}")), **error_responses(400, 413, 429)})
+def create_key(body: KeyCreate, key: CurrentKey, session: SessionDep, settings: SettingsDep,
                response: Response) -> KeyCreated:
     """A new key in the caller's project. Its plaintext (``key``) is in this answer only:
-    store it now, it cannot be shown again."""
-    new = service.add_key(session, key.project_id, body.name)
+    store it now, it cannot be shown again. A project holds at most
+    ``SPECDECK_QUOTA_API_KEYS`` keys not revoked (429 ``quota_exceeded``)."""
+    new = service.mint_key(session, key.project_id, body.name, settings)
     response.headers["Cache-Control"] = "no-store"
     return KeyCreated(**service.key_out(new.key).model_dump(), key=new.plaintext)
 
@@ -41,10 +42,11 @@ def list_keys(key: CurrentKey, session: SessionDep,
                 last_id=keys[-1].id if keys else None)
 
 
-@router.delete("/{key_id}", response_model=KeyOut, responses=error_responses(404))
+@router.delete("/{key_id}", response_model=KeyOut, responses=error_responses(404, 409))
 def revoke_key(key_id: KeyId, key: CurrentKey, session: SessionDep) -> KeyOut:
     """Revoke a key of the caller's project (the one making this request too): from the
     moment this answers, /api refuses it with 401. The gateway (/v1) caches what a key is for
     ``SPECDECK_GATEWAY_AUTH_CACHE_SECONDS`` (default 5) in each API process, so it may still
-    serve a revoked key for up to that long. Revoking a revoked key changes nothing."""
+    serve a revoked key for up to that long. Revoking a revoked key changes nothing. A project
+    keeps at least one key: revoking its last active one answers 409 ``last_key``."""
     return service.key_out(service.revoke_key(session, key.project_id, key_id))

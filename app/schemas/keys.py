@@ -22,8 +22,8 @@ class KeyOut(BaseModel):
     prefix: str = Field(description="The key's first characters, to recognise it by; too few "
                         "to use it")
     created_at: datetime
-    last_used_at: datetime | None = Field(description="The last request through the gateway "
-                                          "(/v1), as recorded with its usage")
+    last_used_at: datetime | None = Field(description="The last request with this key, to the "
+                                          "minute: /api, or /v1 as recorded with its usage")
     revoked_at: datetime | None
 
 

@@ -300,8 +300,10 @@ class UsageRecorder:
             with session_scope() as session:
                 session.execute(Usage.__table__.insert(), batch)  # Core executemany
                 for key_id, when in last_used.items():
-                    session.execute(update(ApiKey).where(ApiKey.id == key_id)
-                                    .values(last_used_at=when))
+                    session.execute(update(ApiKey).where(  # never backwards (/api writes it too)
+                        ApiKey.id == key_id,
+                        ApiKey.last_used_at.is_(None) | (ApiKey.last_used_at < when))
+                        .values(last_used_at=when))
         except IntegrityError:
             # A key (or its project) was deleted since: keep every other row, one at a time,
             # rather than retrying a batch that can never go in.

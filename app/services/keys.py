@@ -5,16 +5,22 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Project, utcnow
 from app.errors import APIError, not_found
 from app.schemas.keys import KeyOut
+from app.services import quotas
+from app.settings import Settings
 
 KEY_PREFIX = "sdk-"
 VISIBLE_CHARS = 12
+# How stale a key's last_used_at may get before a request through /api writes it again: one
+# write a minute per busy key, not one per request.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 def hash_key(raw: str) -> str:
@@ -59,10 +65,25 @@ def add_key(session: Session, project_id: str, name: str = "") -> NewKey:
     return NewKey(key=key, plaintext=plaintext)
 
 
+def mint_key(session: Session, project_id: str, name: str, settings: Settings) -> NewKey:
+    """A key made through the API (POST /api/keys), within the project's quota of keys."""
+    new = add_key(session, project_id, name)
+    quotas.check_api_keys(session, project_id, settings)
+    return new
+
+
 def authenticate(session: Session, plaintext: str) -> ApiKey | None:
+    """The active key of that plaintext, its last use brought up to date (to the minute)."""
     key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(plaintext))).first()
     if key is None or key.revoked_at is not None:
         return None
+    now = utcnow()
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        # Never backwards: the gateway's usage batches write it too, with their own times.
+        session.execute(update(ApiKey).where(
+            ApiKey.id == key.id, (ApiKey.last_used_at.is_(None)) | (ApiKey.last_used_at < now))
+            .values(last_used_at=now))
+        key.last_used_at = now
     return key
 
 
@@ -77,12 +98,21 @@ def list_keys(session: Session, project_id: str, *, limit: int,
 
 
 def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
-    """Revoked at once for /api; idempotent (a revoked key keeps its first revoked_at)."""
+    """Revoked at once for /api; idempotent (a revoked key keeps its first revoked_at). A
+    project keeps at least one key: its last active one is refused (409 ``last_key``). The
+    project's row is locked first, so two requests cannot revoke its last two keys together."""
+    quotas.lock_project(session, project_id)
     key = session.scalars(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == project_id)
                           .with_for_update()).first()
     if key is None:
         raise not_found("API key", key_id, param="key_id")
     if key.revoked_at is None:
+        others = session.scalar(select(func.count()).select_from(ApiKey).where(
+            ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None), ApiKey.id != key.id))
+        if not others:
+            raise APIError(409, "This is the project's last active API key, and a project keeps "
+                           "at least one: create another key (POST /api/keys), then revoke this "
+                           "one", code="last_key", param="key_id")
         key.revoked_at = utcnow()
         session.flush()
     return key

@@ -1,5 +1,5 @@
-"""Per-project quotas: active jobs, active deployments and the bytes of uploaded datasets, each
-a setting (0: no limit). Going past one answers 429 ``quota_exceeded``, naming the usage, the
+"""Per-project quotas: active jobs, active deployments, the bytes of uploaded datasets and API
+keys not revoked, each a setting (0: no limit). Going past one answers 429 ``quota_exceeded``, naming the usage, the
 limit and the setting; the request's transaction rolls back, so nothing is created.
 
 Each check locks the project's row until the transaction ends, so two requests of one project
@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Dataset, Deployment, Job, Project
+from app.db.models import ApiKey, Dataset, Deployment, Job, Project
 from app.errors import APIError
 from app.services.state import MACHINES
 from app.settings import Settings
@@ -35,7 +35,7 @@ def check_active(session: Session, new: Job | Deployment, settings: Settings) ->
     limit = getattr(settings, setting)
     if not limit:
         return
-    _lock_project(session, new.project_id)
+    lock_project(session, new.project_id)
     terminal = [status.value for status in MACHINES[model].terminal]
     active = session.scalar(select(func.count()).select_from(model).where(
         model.project_id == new.project_id, model.status.not_in(terminal)))
@@ -51,7 +51,7 @@ def check_dataset_bytes(session: Session, project_id: str, adding: int,
     limit = settings.quota_dataset_bytes
     if not limit:
         return
-    _lock_project(session, project_id)
+    lock_project(session, project_id)
     used = session.scalar(select(func.coalesce(func.sum(Dataset.num_bytes), 0)).where(
         Dataset.project_id == project_id, Dataset.kind == "upload"))
     if used + adding > limit:
@@ -60,7 +60,21 @@ def check_dataset_bytes(session: Session, project_id: str, adding: int,
                         f"or raise {_env('quota_dataset_bytes')}", param="file")
 
 
-def _lock_project(session: Session, project_id: str) -> None:
+def check_api_keys(session: Session, project_id: str, settings: Settings) -> None:
+    """Refuse a new key, added and flushed (so it is counted), that takes its project past its
+    quota of keys not revoked. The project stays locked until the commit."""
+    limit = settings.quota_api_keys
+    if not limit:
+        return
+    lock_project(session, project_id)
+    active = session.scalar(select(func.count()).select_from(ApiKey).where(
+        ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None)))
+    if active > limit:
+        raise _exceeded(f"this project already has {active - 1} API keys not revoked and its "
+                        f"quota is {limit}: revoke one, or raise {_env('quota_api_keys')}")
+
+
+def lock_project(session: Session, project_id: str) -> None:
     session.execute(select(Project.id).where(Project.id == project_id)
                     .with_for_update(key_share=True))
 

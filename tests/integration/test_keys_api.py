@@ -63,7 +63,33 @@ def test_a_new_key_is_shown_once_and_works_in_the_callers_project(
         assert listing.status_code == 200, listing.text
         assert plaintext not in listing.text and digest not in listing.text
         entry = next(k for k in listing.json()["data"] if k["id"] == created["id"])
-        assert entry == {k: v for k, v in created.items() if k != "key"}
+        assert {**entry, "last_used_at": None} == {k: v for k, v in created.items() if k != "key"}
+        assert entry["last_used_at"] is not None  # it made the job above
+
+
+def test_a_key_records_its_last_use_through_the_api(api: Api, stack: Stack) -> None:
+    created = api.post("/api/keys", json={"name": "idle"}).json()
+    assert created["last_used_at"] is None
+    listed = next(k for k in api.get("/api/keys").json()["data"] if k["id"] == created["id"])
+    assert listed["last_used_at"] is None  # listing it is not using it
+    assert as_key(api, created["key"]).get("/api/me").status_code == 200
+    used = next(k for k in api.get("/api/keys").json()["data"] if k["id"] == created["id"])
+    assert used["last_used_at"] is not None and used["last_used_at"] >= created["created_at"]
+
+
+def test_a_project_keeps_its_last_key(api: Api, stack: Stack) -> None:
+    own = id_of(api)
+    refused = api.delete(f"/api/keys/{own}")
+    error = assert_error(refused, 409, "last_key", "key_id")
+    assert "create another key" in error["message"]
+    assert stack.scalar("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == 0
+    assert api.get("/api/keys").status_code == 200  # still signed in
+    # A revoked key does not count: with one other key revoked, the last one is still refused.
+    other = api.post("/api/keys", json={"name": "other"}).json()
+    assert api.delete(f"/api/keys/{other['id']}").status_code == 200
+    assert_error(api.delete(f"/api/keys/{own}"), 409, "last_key", "key_id")
+    # Revoking the revoked one again is still fine (nothing changes).
+    assert api.delete(f"/api/keys/{other['id']}").status_code == 200
 
 
 def test_the_list_is_newest_first_with_a_cursor(api: Api) -> None:

@@ -155,6 +155,24 @@ def test_dataset_bytes_quota(api: Api, make_api, stack: Stack, quotas) -> None:
     assert upload(api, c).status_code == 201
 
 
+# API keys ----------------------------------------------------------------------------------
+
+def test_api_keys_quota(api: Api, make_api, stack: Stack, quotas) -> None:
+    quotas(api_keys=2)
+    extra = api.post("/api/keys", json={"name": "second"})
+    assert extra.status_code == 201, extra.text
+    before = rows(stack, "api_keys")
+    message = assert_quota_exceeded(api.post("/api/keys", json={"name": "third"}),
+                                    "QUOTA_API_KEYS")
+    assert "already has 2 API keys not revoked" in message
+    assert rows(stack, "api_keys") == before  # the refused key was rolled back
+    # Another project's keys are its own.
+    assert make_api(api).post("/api/keys", json={}).status_code == 201
+    # A revoked key frees its share (and stays listed).
+    assert api.delete(f"/api/keys/{extra.json()['id']}").status_code == 200
+    assert api.post("/api/keys", json={"name": "third"}).status_code == 201
+
+
 # Concurrent creates (Postgres) -------------------------------------------------------------
 
 class Racer(threading.Thread):

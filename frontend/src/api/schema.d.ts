@@ -478,7 +478,8 @@ export interface paths {
         /**
          * Create Key
          * @description A new key in the caller's project. Its plaintext (``key``) is in this answer only:
-         *     store it now, it cannot be shown again.
+         *     store it now, it cannot be shown again. A project holds at most
+         *     ``SPECDECK_QUOTA_API_KEYS`` keys not revoked (429 ``quota_exceeded``).
          */
         post: operations["create_key_api_keys_post"];
         delete?: never;
@@ -502,7 +503,8 @@ export interface paths {
          * @description Revoke a key of the caller's project (the one making this request too): from the
          *     moment this answers, /api refuses it with 401. The gateway (/v1) caches what a key is for
          *     ``SPECDECK_GATEWAY_AUTH_CACHE_SECONDS`` (default 5) in each API process, so it may still
-         *     serve a revoked key for up to that long. Revoking a revoked key changes nothing.
+         *     serve a revoked key for up to that long. Revoking a revoked key changes nothing. A project
+         *     keeps at least one key: revoking its last active one answers 409 ``last_key``.
          */
         delete: operations["revoke_key_api_keys__key_id__delete"];
         options?: never;
@@ -1072,7 +1074,7 @@ export interface components {
             created_at: string;
             /**
              * Last Used At
-             * @description The last request through the gateway (/v1), as recorded with its usage
+             * @description The last request with this key, to the minute: /api, or /v1 as recorded with its usage
              */
             last_used_at: string | null;
             /** Revoked At */
@@ -1107,7 +1109,7 @@ export interface components {
             created_at: string;
             /**
              * Last Used At
-             * @description The last request through the gateway (/v1), as recorded with its usage
+             * @description The last request with this key, to the minute: /api, or /v1 as recorded with its usage
              */
             last_used_at: string | null;
             /** Revoked At */
@@ -3729,6 +3731,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Over a rate limit or quota; retry after Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description A dependency is unreachable; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3773,6 +3786,15 @@ export interface operations {
             };
             /** @description No such resource in the caller's project */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The resource's current state does not allow this */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
