@@ -4,22 +4,16 @@ in the answer to the request that created it."""
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
 from app.schemas.common import Strict
 
 
-class WebhookEvent(StrEnum):
-    JOB_SUCCEEDED = "job.succeeded"
-    JOB_FAILED = "job.failed"
-    JOB_CANCELLED = "job.cancelled"
-    CHECKPOINT_PUBLISHED = "checkpoint.published"
-    DEPLOYMENT_READY = "deployment.ready"
-    DEPLOYMENT_FAILED = "deployment.failed"
-
+WebhookEvent = Literal["job.succeeded", "job.failed", "job.cancelled", "checkpoint.published",
+                      "deployment.ready", "deployment.failed"]
+EVENTS: tuple[str, ...] = get_args(WebhookEvent)
 
 # Sent by POST /api/webhooks/{id}/test only, whatever the webhook subscribes to.
 TEST_EVENT = "webhook.test"
@@ -28,7 +22,7 @@ TEST_EVENT = "webhook.test"
 class WebhookCreate(Strict):
     url: str = Field(max_length=2048, description="Where events are POSTed: http(s), a public "
                      "address (SPECDECK_WEBHOOK_ALLOWED_HOSTS allows others by name)")
-    events: list[WebhookEvent] = Field(min_length=1, max_length=len(WebhookEvent),
+    events: list[WebhookEvent] = Field(min_length=1, max_length=len(EVENTS),
                                        description="The event types to send")
     description: str = Field("", max_length=500)
 

@@ -52,7 +52,7 @@ def create_webhook(session: Session, project_id: str, body: WebhookCreate,
     quotas.check_webhooks(session, project_id, settings)
     secret = new_secret()
     webhook = Webhook(project_id=project_id, url=body.url, description=body.description,
-                      events=list(dict.fromkeys(e.value for e in body.events)),
+                      events=list(dict.fromkeys(body.events)),
                       secret_ciphertext=cipher(settings).encrypt(secret.encode()).decode())
     session.add(webhook)
     session.flush()
