@@ -49,15 +49,15 @@ def forbidden(address: IPAddress) -> str | None:
     (mapped, 6to4, Teredo) are judged by that address too."""
     if address in METADATA:
         return "a cloud metadata address"
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
+        if embedded is not None:
+            return forbidden(embedded)
     for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
         if getattr(address, f"is_{kind}"):
             return f"{'an' if kind == 'unspecified' else 'a'} {kind.replace('_', '-')} address"
     if not address.is_global:
         return "not a public address"
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
-        if embedded is not None:
-            return forbidden(embedded)
     return None
 
 
