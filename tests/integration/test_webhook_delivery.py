@@ -1,4 +1,4 @@
-"""Webhook deliveries end to end: real Postgres, the in-process API, real ``specdeck worker``
+"""Webhook deliveries end to end: real Postgres (and SQLite for the first), the in-process API, real ``specdeck worker``
 processes (test-only pipeline stages) and a real HTTP receiver on 127.0.0.1 that checks each
 signature with the ``standardwebhooks`` library."""
 
@@ -36,21 +36,22 @@ def settled(api: Api, webhook_id: str) -> dict[str, Any]:
                     30, "the delivery to settle")
 
 
-def test_job_succeeded_is_signed_and_carries_the_job(pg_api: Api, pg_stack: Stack, pg_job_body,
+def test_job_succeeded_is_signed_and_carries_the_job(api: Api, stack: Stack, job_body,
                                                      webhook_env, receiver: Receiver) -> None:
-    webhook_id, secret = subscribe(pg_api, receiver.url, "job.succeeded")
-    pg_stack.start_worker()
-    job_id = pg_api.post("/api/jobs", json=pg_job_body(**FAST_JOB)).json()["id"]
+    """On both backends: Postgres, and the embedded SQLite default."""
+    webhook_id, secret = subscribe(api, receiver.url, "job.succeeded")
+    stack.start_worker()
+    job_id = api.post("/api/jobs", json=job_body(**FAST_JOB)).json()["id"]
 
     [request] = receiver.wait("job.succeeded")
     payload = request.verify(secret)  # raises unless the signature and timestamp check out
     assert payload["type"] == "job.succeeded" and payload["timestamp"].endswith("Z")
-    assert payload["data"] == pg_api.job(job_id)  # the job as GET /api/jobs/{id} shows it
+    assert payload["data"] == api.job(job_id)  # the job as GET /api/jobs/{id} shows it
     assert payload["data"]["status"] == "succeeded"
     assert request.headers["webhook-id"].startswith("msg_")
     assert request.headers["content-type"] == "application/json"
     assert request.path == "/hook"
-    delivery = settled(pg_api, webhook_id)
+    delivery = settled(api, webhook_id)
     assert delivery["id"] == request.headers["webhook-id"] and delivery["status"] == "succeeded"
     assert [a["status_code"] for a in delivery["attempts"]] == [200]
 
