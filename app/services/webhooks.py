@@ -25,6 +25,7 @@ from app.schemas.jobs import CheckpointOut
 from app.schemas.webhooks import (TEST_EVENT, WebhookAttemptOut, WebhookCreate,
                                   WebhookDeliveryOut, WebhookOut)
 from app.services import quotas
+from app.services.paging import newest_first
 from app.services.secrets import cipher, decrypt
 from app.services.webhook_urls import UnsafeURL, resolve
 from app.settings import Settings
@@ -67,11 +68,8 @@ def signing_secret(webhook_id: str, ciphertext: str, settings: Settings) -> str:
 def list_webhooks(session: Session, project_id: str, *, limit: int,
                   after: str | None) -> tuple[list[Webhook], bool]:
     """Newest first."""
-    query = select(Webhook).where(Webhook.project_id == project_id)
-    if after is not None:
-        query = query.where(Webhook.id < after)
-    rows = list(session.scalars(query.order_by(Webhook.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+    return newest_first(session, select(Webhook).where(Webhook.project_id == project_id),
+                        Webhook.id, limit=limit, after=after)
 
 
 def get_webhook(session: Session, project_id: str, webhook_id: str) -> Webhook:
@@ -159,11 +157,8 @@ def send_test(session: Session, project_id: str, webhook_id: str) -> WebhookDeli
 def list_deliveries(session: Session, webhook: Webhook, *, limit: int,
                     after: str | None) -> tuple[list[WebhookDelivery], bool]:
     """Newest first."""
-    query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook.id)
-    if after is not None:
-        query = query.where(WebhookDelivery.id < after)
-    rows = list(session.scalars(query.order_by(WebhookDelivery.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+    return newest_first(session, select(WebhookDelivery).where(
+        WebhookDelivery.webhook_id == webhook.id), WebhookDelivery.id, limit=limit, after=after)
 
 
 def delivery_outs(session: Session, deliveries: list[WebhookDelivery]) -> list[WebhookDeliveryOut]:
