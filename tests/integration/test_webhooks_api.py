@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import Api, Stack, configure
+from tests.conftest import Api, Stack
 from tests.integration.test_jobs_api import assert_error
 from tests.support.webhook_receiver import webhook_env  # noqa: F401 (fixture)
 
