@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from fastapi_offline import FastAPIOffline
 
 from app.api import (checkpoints, datasets, deployments, jobs, keys, me, openai, secrets,
-                     service, verifiers, workers)
+                     service, verifiers, webhooks, workers)
 from app.dashboard import DashboardRoute
 from app.errors import install_error_handlers
 from app.middleware import BodySizeLimit, PrometheusMetrics
@@ -35,7 +35,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
     for module in (service, jobs, workers, datasets, secrets, deployments, openai, checkpoints,
-                   keys, me, verifiers):
+                   keys, me, verifiers, webhooks):
         app.include_router(module.router)
     app.router.routes.append(DashboardRoute(settings.dashboard_dir))  # last: it matches the rest
     # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.

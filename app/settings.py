@@ -56,6 +56,22 @@ class Settings(BaseSettings):
     quota_dataset_bytes: int = Field(default=10 * 1024**3, ge=0)
     # API keys not revoked (POST /api/keys; `specdeck admin` and `make run` are not limited).
     quota_api_keys: int = Field(default=50, ge=0)
+    # Webhook endpoints per project.
+    quota_webhooks: int = Field(default=20, ge=0)
+
+    # Webhook deliveries (workers/webhooks.py): the seconds to wait after each failed attempt
+    # (comma-separated; the first attempt is immediate, so 7 delays make 8 attempts over about a
+    # day, Svix's schedule), how often each worker looks for due deliveries, how many it sends
+    # at once, one attempt's timeout, and the lease a worker holds on a delivery it is sending
+    # (after which another worker sends it again). Hosts (names or IPs, comma-separated) that
+    # webhook URLs may name although they resolve to private addresses.
+    webhook_retry_seconds: str = Field(default="5,300,1800,7200,18000,36000,36000",
+                                       pattern=r"^\s*\d+(\.\d+)?(\s*,\s*\d+(\.\d+)?)*\s*$")
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
+    webhook_batch: int = Field(default=8, ge=1)
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    webhook_lease_seconds: float = Field(default=60.0, gt=0)
+    webhook_allowed_hosts: str = ""
 
     # Celery queue that kicks go to, and the worker's identity.
     queue: str = "specdeck"
@@ -130,9 +146,22 @@ class Settings(BaseSettings):
                 raise ValueError("SPECDECK_DATABASE_URL must point to Postgres in production")
         return self
 
+    @model_validator(mode="after")
+    def _webhook_lease_outlasts_an_attempt(self) -> "Settings":
+        if self.webhook_lease_seconds <= self.webhook_timeout_seconds:
+            raise ValueError("SPECDECK_WEBHOOK_LEASE_SECONDS must be longer than "
+                             "SPECDECK_WEBHOOK_TIMEOUT_SECONDS: a delivery being sent would be "
+                             "sent again by another worker")
+        return self
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    @property
+    def webhook_retry_delays(self) -> list[float]:
+        """The waits between attempts: attempt n+1 comes this long after attempt n failed."""
+        return [float(part) for part in self.webhook_retry_seconds.split(",")]
 
     @property
     def worker_queue(self) -> str:

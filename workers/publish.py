@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Job, utcnow
 from app.services.publishing import checkpoint_card_fields, evaluation_card_rows, render_model_card
 from app.services.secrets import HF_TOKEN, reveal
+from app.services.webhooks import enqueue
 from app.settings import Settings
 from workers.runtimes import StageCommand
 
@@ -61,11 +62,16 @@ def prepare(session: Session, checkpoint: Checkpoint, repo_id: str, *, private: 
 
 
 def record(session: Session, checkpoint_id: str, work_dir: Path, repo_id: str) -> dict[str, Any]:
+    """Mark the checkpoint published (the one place that does), and write the
+    ``checkpoint.published`` webhook event in the same transaction."""
     result = json.loads((work_dir / "publish-result.json").read_text())
     checkpoint = session.get(Checkpoint, checkpoint_id)
     checkpoint.hub_repo, checkpoint.hub_commit = repo_id, result["commit_sha"]
     checkpoint.hub_url, checkpoint.published_at = result["repo_url"], utcnow()
     checkpoint.publish_status, checkpoint.publish_error = "published", None
+    session.flush()
+    enqueue(session, session.get(Job, checkpoint.job_id).project_id, "checkpoint.published",
+            checkpoint)
     return result
 
 

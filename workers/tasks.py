@@ -22,9 +22,11 @@ from workers.publish import MissingToken, prepare, record
 from workers.reconciler import Reconciler, reap_own_orphans
 from workers.runner import HOST, SHUTTING_DOWN, run_job
 from workers.supervisor import ManagedProcess, tail
+from workers.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
 _reconciler: Reconciler | None = None
+_webhooks: WebhookDispatcher | None = None
 
 
 @celery_app.task(name="specdeck.run_job", acks_late=True, ignore_result=True)
@@ -92,7 +94,7 @@ def publish_checkpoint_task(checkpoint_id: str, repo_id: str, private: bool) -> 
 
 @signals.worker_ready.connect
 def _on_worker_ready(**_: object) -> None:
-    global _reconciler
+    global _reconciler, _webhooks
     settings = get_settings()
     gpus = detect_gpus(settings.worker_gpus)
     with session_scope() as session:
@@ -102,13 +104,16 @@ def _on_worker_ready(**_: object) -> None:
     reap_own_orphans(settings.worker_name, HOST)
     _reconciler = Reconciler(settings, settings.worker_name, HOST)
     _reconciler.start()
+    _webhooks = WebhookDispatcher(settings, settings.worker_name)
+    _webhooks.start()
     log.info("worker %s ready on %s with %d GPU(s)", settings.worker_name, HOST, len(gpus))
 
 
 @signals.worker_shutting_down.connect
 def _on_shutdown(**_: object) -> None:
-    if _reconciler is not None:
-        _reconciler.stopped.set()
+    for thread in (_reconciler, _webhooks):
+        if thread is not None:
+            thread.stopped.set()
     with session_scope() as session:
         registry.retire(session, get_settings().worker_name)
     SHUTTING_DOWN.set()  # running jobs are handed back, and go to another worker

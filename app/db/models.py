@@ -300,3 +300,62 @@ class Dataset(Base):
     num_conversations: Mapped[int | None] = mapped_column(Integer)
     num_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Webhook(Base):
+    """An endpoint that a project's events are sent to, signed with its secret (Standard
+    Webhooks). The secret is Fernet-encrypted like the project's secrets."""
+
+    __tablename__ = "webhooks"
+    __table_args__ = (Index("ix_webhooks_project_id_id", "project_id", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("wh"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON)
+    description: Mapped[str] = mapped_column(String(500), default="")
+    secret_ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one event for one endpoint, written in the transaction of the change it
+    tells of, and sent by the workers (workers/webhooks.py) until it succeeds or runs out of
+    attempts. Its id is the ``webhook-id`` of every attempt; ``body`` the exact bytes signed."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_webhook_id_id", "webhook_id", "id"),
+        # The dispatcher's due rows: pending ones whose time came, and sends whose lease ran out.
+        Index("ix_webhook_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_status_locked_until", "status", "locked_until"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("msg"))
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    event_type: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)
+    # pending, delivering (a worker holds it until locked_until), succeeded or failed.
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    lock_token: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class WebhookAttempt(Base):
+    """One send of a delivery: written when a worker claims it, completed with the receiver's
+    HTTP status or the network error once it answers."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (Index("ix_webhook_attempts_delivery_id_id", "delivery_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"))
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    duration_ms: Mapped[int | None] = mapped_column(Integer)

@@ -1,5 +1,5 @@
-"""Per-project quotas: active jobs, active deployments, the bytes of uploaded datasets and API
-keys not revoked, each a setting (0: no limit). Going past one answers 429 ``quota_exceeded``, naming the usage, the
+"""Per-project quotas: active jobs, active deployments, the bytes of uploaded datasets, API
+keys not revoked and webhook endpoints, each a setting (0: no limit). Going past one answers 429 ``quota_exceeded``, naming the usage, the
 limit and the setting; the request's transaction rolls back, so nothing is created.
 
 Each check locks the project's row until the transaction ends, so two requests of one project
@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import ApiKey, Dataset, Deployment, Job, Project
+from app.db.models import ApiKey, Dataset, Deployment, Job, Project, Webhook
 from app.errors import APIError
 from app.services.state import MACHINES
 from app.settings import Settings
@@ -72,6 +72,20 @@ def check_api_keys(session: Session, project_id: str, settings: Settings) -> Non
     if active > limit:
         raise _exceeded(f"this project already has {active - 1} API keys not revoked and its "
                         f"quota is {limit}: revoke one, or raise {_env('quota_api_keys')}")
+
+
+def check_webhooks(session: Session, project_id: str, settings: Settings) -> None:
+    """Refuse one more webhook endpoint past the project's quota. The project stays locked
+    until the commit."""
+    limit = settings.quota_webhooks
+    if not limit:
+        return
+    lock_project(session, project_id)
+    count = session.scalar(select(func.count()).select_from(Webhook)
+                           .where(Webhook.project_id == project_id))
+    if count >= limit:
+        raise _exceeded(f"this project already has {count} webhook endpoints and its quota is "
+                        f"{limit}: delete one, or raise {_env('quota_webhooks')}")
 
 
 def lock_project(session: Session, project_id: str) -> None:

@@ -1,8 +1,10 @@
-"""Project secrets (the Hugging Face token, ...), encrypted at rest with Fernet.
+"""Project secrets (the Hugging Face token, ...), encrypted at rest with Fernet; webhook signing
+secrets are encrypted with the same key.
 
 The key comes from SPECDECK_SECRET_KEY. To rotate it, set the new value and move the old one to
 SPECDECK_SECRET_KEY_PREVIOUS (comma-separated for several), then run `specdeck secrets rotate`:
-every value is re-encrypted under the new key, after which the previous keys can be dropped.
+every value (project secrets and webhook secrets) is re-encrypted under the new key, after
+which the previous keys can be dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Secret, utcnow
+from app.db.models import Secret, Webhook, utcnow
 from app.errors import APIError
 from app.settings import Settings
 
@@ -75,17 +77,26 @@ def reveal(session: Session, project_id: str, name: str, settings: Settings) -> 
                                                                 Secret.name == name))
     if ciphertext is None:
         return None
+    return decrypt(ciphertext, settings, f"secret {name}")
+
+
+def decrypt(ciphertext: str, settings: Settings, what: str) -> str:
+    """The plaintext of a value encrypted by ``cipher``; ``what`` names it in the error."""
     try:
         return cipher(settings).decrypt(ciphertext.encode()).decode()
     except InvalidToken as exc:
-        raise RuntimeError(f"secret {name} cannot be decrypted with SPECDECK_SECRET_KEY or "
+        raise RuntimeError(f"{what} cannot be decrypted with SPECDECK_SECRET_KEY or "
                            "SPECDECK_SECRET_KEY_PREVIOUS") from exc
 
 
 def rotate(session: Session, settings: Settings) -> int:
+    """Re-encrypt every project secret and webhook secret under the current key; how many."""
     rotated = 0
     fernet = cipher(settings)
     for secret in session.scalars(select(Secret)):
         secret.ciphertext = fernet.rotate(secret.ciphertext.encode()).decode()
+        rotated += 1
+    for webhook in session.scalars(select(Webhook)):
+        webhook.secret_ciphertext = fernet.rotate(webhook.secret_ciphertext.encode()).decode()
         rotated += 1
     return rotated

@@ -89,15 +89,19 @@ class Machine:
     started: frozenset[Any]  # entering one of these stamps started_at
     event: type[JobEvent] | type[DeploymentEvent]
     owner: str  # the event's and allocation's column that points at the resource
+    webhooks: Mapping[Any, str]  # entering one of these statuses sends this webhook event
 
 
 MACHINES: dict[type, Machine] = {
     Job: Machine(JobStatus, TRANSITIONS, TERMINAL, JobStatus.QUEUED,
-                 frozenset({JobStatus.RUNNING}), JobEvent, "job_id"),
+                 frozenset({JobStatus.RUNNING}), JobEvent, "job_id",
+                 {s: f"job.{s.value}" for s in TERMINAL}),
     Deployment: Machine(DeploymentStatus, DEPLOYMENT_TRANSITIONS,
                         frozenset({DeploymentStatus.STOPPED, DeploymentStatus.FAILED}),
                         DeploymentStatus.PENDING, frozenset({DeploymentStatus.STARTING}),
-                        DeploymentEvent, "deployment_id"),
+                        DeploymentEvent, "deployment_id",
+                        {s: f"deployment.{s.value}" for s in (DeploymentStatus.READY,
+                                                              DeploymentStatus.FAILED)}),
 }
 
 # Going back to the scheduler or ending gives back the lease, the processes and the GPUs.
@@ -128,7 +132,7 @@ def transition(
     columns: dict[str, Any] | None = None,
 ) -> None:
     """Move a job or a deployment to ``to`` (a job also to ``stage``), checking its table, and
-    write an event.
+    write an event, and the webhook event it implies to the outbox (same transaction).
 
     ``token`` guards a worker's write with its lease; ``columns`` carries the other columns that
     change with the status (lease fields on a claim, the attempt counter). Raises
@@ -170,6 +174,10 @@ def transition(
                               status=to.value, stage=new_stage,
                               message=message or reason or default, data=data))
     session.flush()
+    if webhook_event := machine.webhooks.get(to):
+        from app.services.webhooks import enqueue  # it reads jobs and deployments, which import us
+
+        enqueue(session, obj.project_id, webhook_event, obj)
 
 
 def record_event(session: Session, obj: Job | Deployment, kind: str, message: str,

@@ -27,6 +27,8 @@ def quotas(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     def set_quotas(**values: int) -> None:
         for name, value in values.items():
             monkeypatch.setenv(f"SPECDECK_QUOTA_{name.upper()}", str(value))
+        # Webhooks to 127.0.0.1 (nothing is sent to it here).
+        monkeypatch.setenv("SPECDECK_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1")
         configure({})
 
     yield set_quotas
@@ -171,6 +173,21 @@ def test_api_keys_quota(api: Api, make_api, stack: Stack, quotas) -> None:
     # A revoked key frees its share (and stays listed).
     assert api.delete(f"/api/keys/{extra.json()['id']}").status_code == 200
     assert api.post("/api/keys", json={"name": "third"}).status_code == 201
+
+
+# Webhook endpoints -------------------------------------------------------------------------
+
+def test_webhooks_quota(api: Api, make_api, stack: Stack, quotas) -> None:
+    quotas(webhooks=2)
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["job.succeeded"]}
+    created = [api.post("/api/webhooks", json=hook) for _ in range(2)]
+    assert [r.status_code for r in created] == [201, 201], created[-1].text
+    message = assert_quota_exceeded(api.post("/api/webhooks", json=hook), "QUOTA_WEBHOOKS")
+    assert "already has 2 webhook endpoints" in message
+    assert rows(stack, "webhooks") == {"webhooks": 2}
+    assert make_api(api).post("/api/webhooks", json=hook).status_code == 201  # its own quota
+    assert api.delete(f"/api/webhooks/{created[0].json()['id']}").status_code == 204
+    assert api.post("/api/webhooks", json=hook).status_code == 201  # deleting one frees it
 
 
 # Concurrent creates (Postgres) -------------------------------------------------------------

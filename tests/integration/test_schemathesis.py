@@ -42,7 +42,9 @@ def test_the_api_answers_as_its_openapi_document_says(pg_url: str, roots: dict[s
                   # Offline: the Hub client fails at once, and its endpoint is a closed port.
                   "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
                   # Off, so that the fuzzer's /v1 requests reach the gateway's own checks.
-                  "SPECDECK_GATEWAY_RATE_LIMIT_RPM": "0"}
+                  "SPECDECK_GATEWAY_RATE_LIMIT_RPM": "0",
+                  # Webhooks to the dictionary's URL can be created (no worker sends them).
+                  "SPECDECK_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1"}
     log = tmp_path / "api.log"
     url, proc = start_api(server_env, log)
     report = tmp_path / "report.json"

@@ -16,6 +16,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--pid-file", type=Path)
     parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--exit-code", type=int, default=0, help="exit with this code when done")
     args = parser.parse_args()
     if args.pid_file:
         args.pid_file.write_text(f"{os.getpid()} {os.getpgid(0)}")
@@ -30,6 +31,7 @@ def main() -> None:
         print(f"step {step}", flush=True)
         time.sleep(0.2)
     print("done", flush=True)
+    sys.exit(args.exit_code)
 
 
 if __name__ == "__main__":

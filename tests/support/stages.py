@@ -1,5 +1,6 @@
 """Test-only pipeline: one stage that runs a real long-running Python child under the
-supervisor. The job's metadata says how long it runs (``test_seconds``)."""
+supervisor. The job's metadata says how long it runs (``test_seconds``) and how it exits
+(``test_exit_code``: non-zero fails the job)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def run_child(ctx: JobContext) -> None:
         argv += ["--pid-file", f"{meta['test_pid_dir']}/{ctx.job_id}-{ctx.lease.attempt}.pid"]
     if meta.get("test_ignore_sigterm"):
         argv.append("--ignore-sigterm")
+    if meta.get("test_exit_code"):
+        argv += ["--exit-code", meta["test_exit_code"]]
     ctx.run(StageCommand(Stage.TRAINING.value, "test child", argv))
 
 

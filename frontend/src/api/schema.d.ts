@@ -554,6 +554,95 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Webhooks
+         * @description The project's webhooks, newest first; pass ``last_id`` back as ``after``.
+         */
+        get: operations["list_webhooks_api_webhooks_get"];
+        put?: never;
+        /**
+         * Create Webhook
+         * @description A new endpoint for the caller's project. Its URL must resolve to public addresses only
+         *     (checked now, and again before every delivery). Its signing ``secret`` is in this answer
+         *     only: store it now, it cannot be shown again.
+         */
+        post: operations["create_webhook_api_webhooks_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/webhooks/{webhook_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get Webhook */
+        get: operations["get_webhook_api_webhooks__webhook_id__get"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete Webhook
+         * @description Delete the endpoint and its deliveries: those still pending are never sent.
+         */
+        delete: operations["delete_webhook_api_webhooks__webhook_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/webhooks/{webhook_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Deliveries
+         * @description The endpoint's deliveries, newest first, each with its attempts; pass ``last_id`` back
+         *     as ``after``.
+         */
+        get: operations["list_deliveries_api_webhooks__webhook_id__deliveries_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/webhooks/{webhook_id}/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send Test
+         * @description Send a ``webhook.test`` event to the endpoint, through the same outbox as the others:
+         *     it is delivered (and retried) by the workers; follow it in the deliveries log.
+         */
+        post: operations["send_test_api_webhooks__webhook_id__test_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1295,6 +1384,36 @@ export interface components {
             /** Last Id */
             last_id: string | number | null;
         };
+        /** Page[WebhookDeliveryOut] */
+        Page_WebhookDeliveryOut_: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["WebhookDeliveryOut"][];
+            /** Has More */
+            has_more: boolean;
+            /** Last Id */
+            last_id: string | number | null;
+        };
+        /** Page[WebhookOut] */
+        Page_WebhookOut_: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["WebhookOut"][];
+            /** Has More */
+            has_more: boolean;
+            /** Last Id */
+            last_id: string | number | null;
+        };
         /** Page[WorkerOut] */
         Page_WorkerOut_: {
             /**
@@ -1546,6 +1665,133 @@ export interface components {
              * @default 1
              */
             data_parallel_size: number;
+        };
+        /** WebhookAttemptOut */
+        WebhookAttemptOut: {
+            /**
+             * Started At
+             * Format: date-time
+             */
+            started_at: string;
+            /**
+             * Status Code
+             * @description The receiver's HTTP status; null when it did not answer (see error)
+             */
+            status_code: number | null;
+            /**
+             * Error
+             * @description Why the attempt got no answer (network error, timeout, refused address), or null
+             */
+            error: string | null;
+            /** Duration Ms */
+            duration_ms: number | null;
+        };
+        /** WebhookCreate */
+        WebhookCreate: {
+            /**
+             * Url
+             * @description Where events are POSTed: http(s), a public address (SPECDECK_WEBHOOK_ALLOWED_HOSTS allows others by name)
+             */
+            url: string;
+            /**
+             * Events
+             * @description The event types to send
+             */
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed")[];
+            /**
+             * Description
+             * @default
+             */
+            description: string;
+        };
+        /** WebhookCreated */
+        WebhookCreated: {
+            /**
+             * Object
+             * @default specdeck.webhook
+             * @constant
+             */
+            object: "specdeck.webhook";
+            /** Id */
+            id: string;
+            /** Url */
+            url: string;
+            /** Events */
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed")[];
+            /** Description */
+            description: string;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Secret
+             * @description The signing secret (whsec_...), for verifying the webhook-signature header: in this answer only, never shown again
+             */
+            secret: string;
+        };
+        /** WebhookDeliveryOut */
+        WebhookDeliveryOut: {
+            /**
+             * Object
+             * @default specdeck.webhook_delivery
+             * @constant
+             */
+            object: "specdeck.webhook_delivery";
+            /**
+             * Id
+             * @description The webhook-id header of every attempt
+             */
+            id: string;
+            /** Webhook Id */
+            webhook_id: string;
+            /** Event Type */
+            event_type: string;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "pending" | "delivering" | "succeeded" | "failed";
+            /** Attempt Count */
+            attempt_count: number;
+            /**
+             * Next Attempt At
+             * @description When a pending delivery is sent next
+             */
+            next_attempt_at: string | null;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Attempts
+             * @description Oldest first
+             */
+            attempts: components["schemas"]["WebhookAttemptOut"][];
+        };
+        /** WebhookOut */
+        WebhookOut: {
+            /**
+             * Object
+             * @default specdeck.webhook
+             * @constant
+             */
+            object: "specdeck.webhook";
+            /** Id */
+            id: string;
+            /** Url */
+            url: string;
+            /** Events */
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed")[];
+            /** Description */
+            description: string;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
         };
         /** WorkerOut */
         WorkerOut: {
@@ -3906,6 +4152,381 @@ export interface operations {
             };
             /** @description The request body is over the size limit */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_webhooks_api_webhooks_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                after?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Page_WebhookOut_"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    create_webhook_api_webhooks_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreated"];
+                };
+            };
+            /** @description The body could not be parsed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The request body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Over a rate limit or quota; retry after Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_webhook_api_webhooks__webhook_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    delete_webhook_api_webhooks__webhook_id__delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_deliveries_api_webhooks__webhook_id__deliveries_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                after?: string;
+            };
+            header?: never;
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Page_WebhookDeliveryOut_"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    send_test_api_webhooks__webhook_id__test_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryOut"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
