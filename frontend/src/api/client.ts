@@ -19,6 +19,10 @@ export type Secret = Schemas["SecretOut"];
 export type Verifier = Schemas["VerifierOut"];
 export type JobCreate = Schemas["JobCreate"];
 export type DeploymentCreate = Schemas["DeploymentCreate"];
+export type Webhook = Schemas["WebhookOut"];
+export type WebhookEvent = Schemas["WebhookCreate"]["events"][number];
+export type WebhookDelivery = Schemas["WebhookDeliveryOut"];
+export type WebhookAttempt = Schemas["WebhookAttemptOut"];
 
 const auth: Middleware = {
   onRequest({ request }) {

@@ -1,8 +1,9 @@
-// A job's or a deployment's status as a coloured badge (the text says it; colour only helps).
+// A job's, a deployment's or a webhook delivery's status as a coloured badge (the text says it;
+// colour only helps).
 const TONE: Record<string, string> = {
   succeeded: "good", ready: "good", published: "good",
   failed: "bad", cancelled: "muted", stopped: "muted",
-  running: "busy", starting: "busy", stopping: "busy", publishing: "busy",
+  running: "busy", starting: "busy", stopping: "busy", publishing: "busy", delivering: "busy",
   queued: "wait", pending: "wait",
 };
 

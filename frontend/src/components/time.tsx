@@ -1,4 +1,4 @@
-// Relative times, with the absolute time on hover.
+// Relative times ("3m ago", "in 5m" for one ahead), with the absolute time on hover.
 import { useEffect, useState } from "react";
 
 function useNow(every = 15_000): number {
@@ -10,13 +10,23 @@ function useNow(every = 15_000): number {
   return now;
 }
 
+/** The largest whole unit of a span: "42s", "3m", "2h", "4d". */
+function span(s: number): string {
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h`;
+  return `${Math.floor(s / 86400)}d`;
+}
+
 export function ago(seconds: number): string {
   const s = Math.max(0, Math.round(seconds));
-  if (s < 5) return "just now";
-  if (s < 60) return `${s}s ago`;
-  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
-  if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
-  return `${Math.floor(s / 86400)}d ago`;
+  return s < 5 ? "just now" : `${span(s)} ago`;
+}
+
+/** For a time ahead (a retry's): "in 5m"; within 5 s, "just now". */
+function ahead(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  return s < 5 ? "just now" : `in ${span(s)}`;
 }
 
 export function duration(seconds: number): string {
@@ -30,9 +40,10 @@ export function RelTime({ at }: { at: string | null | undefined }) {
   const now = useNow();
   if (!at) return <span>—</span>;
   const date = new Date(at);
+  const past = (now - date.getTime()) / 1000;
   return (
     <time dateTime={date.toISOString()} title={date.toLocaleString()}>
-      {ago((now - date.getTime()) / 1000)}
+      {past < 0 ? ahead(-past) : ago(past)}
     </time>
   );
 }

@@ -1,6 +1,7 @@
-// Settings: the project's secrets and API keys.
+// Settings: the project's secrets, API keys and webhooks.
 import ApiKeys from "./settings/ApiKeys";
 import Secrets from "./settings/Secrets";
+import Webhooks from "./settings/Webhooks";
 import "./settings/settings.css";
 
 export default function Settings() {
@@ -9,6 +10,7 @@ export default function Settings() {
       <h1>Settings</h1>
       <Secrets />
       <ApiKeys />
+      <Webhooks />
     </>
   );
 }

@@ -7,8 +7,8 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type ApiKey } from "../../api/client";
 import { session } from "../../api/session";
 import { useAuth } from "../../auth";
-import { CopyBlock } from "../../components/copy";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
+import { ShownOnce } from "../../components/once";
 import { Pager, useCursor } from "../../components/pager";
 import { QueryState } from "../../components/states";
 import { RelTime } from "../../components/time";
@@ -71,20 +71,6 @@ function KeyRow({ apiKey, current }: { apiKey: ApiKey; current: boolean }) {
   );
 }
 
-function NewKey({ plaintext, onDismiss }: { plaintext: string; onDismiss: () => void }) {
-  return (
-    <div className="new-key" role="region" aria-label="New API key">
-      <p>
-        <strong>Store this key now: it will not be shown again.</strong> SpecDeck keeps only its hash.
-      </p>
-      <CopyBlock label="API key" text={plaintext} />
-      <button type="button" onClick={onDismiss}>
-        Done, I have stored it
-      </button>
-    </div>
-  );
-}
-
 function CreateKey() {
   const [name, setName] = useState("");
   const [plaintext, setPlaintext] = useState<string | null>(null);
@@ -127,7 +113,11 @@ function CreateKey() {
       <button type="submit" className="primary" disabled={create.isPending}>
         {create.isPending ? "Creating…" : "Create key"}
       </button>
-      {plaintext && <NewKey plaintext={plaintext} onDismiss={() => setPlaintext(null)} />}
+      {plaintext && (
+        <ShownOnce name="New API key" label="API key" text={plaintext} onDismiss={() => setPlaintext(null)}>
+          <strong>Store this key now: it will not be shown again.</strong> SpecDeck keeps only its hash.
+        </ShownOnce>
+      )}
     </form>
   );
 }
