@@ -1,12 +1,13 @@
 // The dashboard's whole story, as a user clicks through it (issue 10, "Done when"): sign in,
 // upload data, train the demo drafter, watch it live, deploy its best checkpoint, chat with it,
-// cancel a job, see a refused delete, store a secret, revoke the key in use.
+// cancel a job, see a refused delete, store a secret, add a webhook and follow its deliveries,
+// revoke the key in use.
 // One browser tab for all of it; each numbered step is a test.step, so a failure names it.
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { expect, test, type BrowserContext, type Page } from "@playwright/test";
-import { acceptNextDialog, clearState, env, fillIfPresent, saveState, signIn } from "./support";
+import { acceptNextDialog, clearState, env, fillIfPresent, saveState, screenshotPath, signIn } from "./support";
 
 const TERMINAL = /succeeded|failed|cancelled/i;
 const run = Date.now().toString(36);
@@ -202,7 +203,7 @@ test.describe.serial("the demo flow", () => {
   });
 });
 
-// Apart from the training flow, so that its failure does not hide these; last, as step 12 revokes
+// Apart from the training flow, so that its failure does not hide these; last, as step 14 revokes
 // the key the other steps use.
 test.describe.serial("settings", () => {
   const tab = useTab();
@@ -213,7 +214,7 @@ test.describe.serial("settings", () => {
     await signIn(page, env("SPECDECK_KEY"));
   });
 
-  test("a secret and the keys", async () => {
+  test("a secret", async () => {
     await test.step("11. HF_TOKEN is saved and its value is never shown", async () => {
       const value = `hf_e2e_${run}_${Math.random().toString(36).slice(2)}`;
       await page.getByRole("link", { name: "Settings", exact: true }).click();
@@ -229,7 +230,62 @@ test.describe.serial("settings", () => {
       expect(await page.content()).not.toContain(value);
     });
 
-    await test.step("12. revoking the key in use signs this browser out", async () => {
+  });
+
+  test("a webhook and its deliveries", async () => {
+    // test_dashboard.py allows 127.0.0.1 (SPECDECK_WEBHOOK_ALLOWED_HOSTS); nothing listens on
+    // port 9, so the worker's first attempt fails with a refused connection.
+    const HOOK = "http://127.0.0.1:9/hook";
+    const webhooks = page.getByRole("region", { name: "Webhooks" });
+    const url = webhooks.getByLabel("Endpoint URL", { exact: true });
+
+    await test.step("12. a private address is refused at the URL field", async () => {
+      await page.goto("/settings");
+      await url.fill("http://10.0.0.1/hook");
+      await webhooks.getByRole("checkbox", { name: /job\.succeeded/ }).check();
+      await webhooks.getByRole("button", { name: "Add endpoint" }).click();
+      await expect(url).toHaveAttribute("aria-invalid", "true");
+      await expect(url).toHaveAccessibleDescription(/private or internal addresses/);
+    });
+
+    await test.step("13. an allowed endpoint: its secret once, a test event, a failed attempt, delete", async () => {
+      await url.fill(HOOK);
+      await webhooks.getByLabel("Description", { exact: true }).fill(`e2e ${run}`);
+      await webhooks.getByRole("button", { name: "Add endpoint" }).click();
+      const shown = webhooks.getByRole("region", { name: "New webhook secret" });
+      await expect(shown.locator("pre code")).toHaveText(/^whsec_\S+$/);
+      const secret = (await shown.locator("pre code").textContent())!.trim();
+      await shown.getByRole("button", { name: "Done, I have stored it" }).click();
+      await expect(shown).toHaveCount(0);
+      expect(await page.content(), "the secret is shown once").not.toContain(secret);
+
+      const row = webhooks.getByRole("row").filter({ hasText: HOOK }).first();
+      await expect(row).toContainText("job.succeeded");
+      await webhooks.getByRole("button", { name: `Send a test event to ${HOOK}` }).click();
+      const log = webhooks.getByRole("region", { name: `Deliveries of ${HOOK}` });
+      const delivery = log.getByRole("listitem").filter({ hasText: "webhook.test" });
+      await expect(delivery).toHaveCount(1);
+      // The worker's first attempt; the next is 5 s later (SPECDECK_WEBHOOK_RETRY_SECONDS).
+      await expect(delivery.getByRole("table", { name: /^Attempts of / }).getByRole("row").nth(1)).toContainText(
+        /connection refused/i,
+      );
+      for (const size of [{ width: 1280, height: 800 }, { width: 390, height: 844 }]) {
+        await page.setViewportSize(size);
+        await webhooks.screenshot({ path: screenshotPath("settings-webhooks", size.width, size.height) });
+        const width = await page.evaluate(() => document.scrollingElement!.scrollWidth);
+        expect(width, `no horizontal overflow at ${size.width}px`).toBeLessThanOrEqual(size.width + 1);
+      }
+      await page.setViewportSize({ width: 1280, height: 800 });
+
+      acceptNextDialog(page);
+      await webhooks.getByRole("button", { name: `Delete webhook ${HOOK}` }).click();
+      await expect(webhooks.getByRole("row").filter({ hasText: HOOK })).toHaveCount(0);
+    });
+  });
+
+  test("the keys", async () => {
+    await test.step("14. revoking the key in use signs this browser out", async () => {
+      await page.goto("/settings");
       const keys = page.getByRole("region", { name: "API keys" });
       await keys.getByLabel("Key name", { exact: true }).fill(`e2e-${run}`);
       await keys.getByRole("button", { name: "Create key" }).click();

@@ -30,6 +30,8 @@ FAST = {
     "SPECDECK_CANCEL_GRACE_SECONDS": "2",
     "SPECDECK_HEALTH_CHECK_SECONDS": "1",
     "SPECDECK_RECONCILE_SECONDS": "1",
+    # The flow's webhook points at a closed port on this host, to see a failed attempt.
+    "SPECDECK_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
 }
 
 
