@@ -206,6 +206,7 @@ def test_limits_stop_capture_and_count_the_drops(gateway: Gateway) -> None:
 def test_deleting_the_dataset_deletes_its_rows_and_stops_capture(gateway: Gateway) -> None:
     key = make_key()
     deployment_id, dataset_id = capturing(gateway, key, "deleted")
+    _, marker = capturing(gateway, key, "marker")
     sdk = gateway.sdk(key)
     sdk.chat.completions.create(model="deleted", messages=MESSAGES)
     wait_for(lambda: rows(dataset_id), what="a row")
@@ -220,7 +221,6 @@ def test_deleting_the_dataset_deletes_its_rows_and_stops_capture(gateway: Gatewa
     # Requests still go through (the route reloads within its TTL): nothing is recorded.
     for _ in range(3):
         assert sdk.chat.completions.create(model="deleted", messages=MESSAGES).choices
-    _, marker = capturing(gateway, key, "marker")
     sdk.chat.completions.create(model="marker", messages=MESSAGES)
     wait_for(lambda: rows(marker), what="the marker row")  # queued after the others
     assert project_rows(key) == 1
