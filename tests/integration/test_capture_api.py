@@ -191,3 +191,24 @@ def test_a_job_on_a_capture_gets_its_rows_and_they_go_at_its_end(pg_api: Api, pg
     assert written["lines"] == 4
     assert any(e["kind"] == "captured_data" for e in events)
     assert not Path(written["path"]).exists()  # removed with the job's work files
+
+
+def test_secrets_rotate_re_encrypts_captured_rows(api: Api, body, tmp_path: Path) -> None:  # noqa: F811
+    from app.db import session_scope
+    from app.services import capture
+    from app.services.secrets import cipher, rotate
+    from app.settings import Settings
+
+    dataset_id = api.post("/api/deployments", json=body(capture={})).json()["capture"]["dataset_id"]
+    record(dataset_id, 3)
+    old = Settings()
+    new = Settings(secret_key="a-new-key-" + "y" * 32, secret_key_previous=old.secret_key)
+    with session_scope() as session:
+        assert rotate(session, new) == 3
+    target = tmp_path / "rows.jsonl"
+    with session_scope() as session:  # readable with the new key alone, no longer the old one
+        assert capture.export_jsonl(session, dataset_id, target,
+                                    cipher(Settings(secret_key=new.secret_key))) == 3
+        with pytest.raises(RuntimeError, match="cannot be decrypted"):
+            capture.export_jsonl(session, dataset_id, target, cipher(old))
+    assert not (tmp_path / "rows.jsonl.partial").exists()
