@@ -101,7 +101,7 @@ def data_settings(spec: dict[str, Any]) -> dict[str, Any]:
 def dataset_file(spec: dict[str, Any], paths: JobPaths) -> Path:
     """The job's JSONL: the upload (or file under the data root), or a capture's rows as the
     data stage writes them out."""
-    if spec["dataset_kind"] == "capture":
+    if spec.get("dataset_kind") == "capture":
         return paths.captured
     return Path(spec["dataset_path"])
 
