@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     gateway_rate_limit_burst: int = Field(default=100, ge=1)
     gateway_max_tokens: int = Field(default=4096, ge=1)
     gateway_usage_flush_seconds: float = Field(default=1.0, gt=0)
+    # Traffic capture: sampled requests wait in a queue of at most this many per API process
+    # (beyond: not captured, counted as dropped) and are written every this many seconds.
+    gateway_capture_queue_rows: int = Field(default=10_000, ge=1)
+    gateway_capture_flush_seconds: float = Field(default=1.0, gt=0)
     # The longest an upstream may take to answer, or between two streamed chunks.
     gateway_upstream_timeout_seconds: float = Field(default=600.0, gt=0)
     gateway_upstream_connect_timeout_seconds: float = Field(default=5.0, gt=0)

@@ -77,10 +77,12 @@ from _stack import (  # noqa: E402
 )
 
 TARGET_ADDED_P50 = 0.001  # seconds
+TARGET_CAPTURE_P50 = 0.0001  # what capture at sample rate 1.0 may add to the gateway's p50
 TARGET_THROUGHPUT = 0.90
 UPSTREAM_KEY = "bench-upstream-key"
 LITELLM_KEY = "sk-bench-litellm-master"
 MODEL, PACED = "bench", "bench-paced"
+CAPTURED, PACED_CAPTURED = "bench-captured", "bench-paced-captured"  # the same, capturing
 TOKENS, PACED_TOKENS, PACE = 8, 16, 0.005
 PROMPT = [{"role": "user", "content": "Measure the gateway, not the model."}]
 
@@ -145,9 +147,10 @@ class Target:
     port: int
     key: str
     pid: int = 0  # the process that serves the port (a proxy's; the upstream's for direct)
+    model: str | None = None  # the served name it asks for instead of the run's (capture)
 
     def raw(self, model: str, stream: bool) -> bytes:
-        body = json.dumps({"model": model, "messages": PROMPT, "stream": stream,
+        body = json.dumps({"model": self.model or model, "messages": PROMPT, "stream": stream,
                            "max_tokens": 64}).encode()
         return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {HOST}:{self.port}\r\n"
                 f"Authorization: Bearer {self.key}\r\nContent-Type: application/json\r\n"
@@ -285,8 +288,10 @@ def start_upstream(procs: Processes, name: str, *extra: str) -> int:
     return port
 
 
-def add_deployment(database_url: str, key_project: str, name: str, upstream_port: int) -> None:
-    """A ready deployment row, moved there through the state machine as a worker would."""
+def add_deployment(database_url: str, key_project: str, name: str, upstream_port: int,
+                   capture: bool = False) -> None:
+    """A ready deployment row, moved there through the state machine as a worker would; with
+    ``capture``, capturing every request (sample rate 1.0) into a dataset with room for all."""
     os.environ["SPECDECK_DATABASE_URL"] = database_url
     from app.db import get_engine, get_sessionmaker, session_scope
     from app.db.models import Deployment, Project
@@ -301,6 +306,13 @@ def add_deployment(database_url: str, key_project: str, name: str, upstream_port
     with session_scope() as session:
         project = session.scalars(select(Project).where(Project.name == key_project)).one()
         deployment = Deployment(project_id=project.id, name=name, spec={})
+        if capture:
+            from app.schemas.capture import CaptureOptions
+            from app.services import capture as captures
+
+            deployment.capture_dataset_id = captures.start(
+                session, project.id, name, CaptureOptions(sample_rate=1.0, max_rows=10_000_000,
+                                                          max_bytes=64 * 1024**3)).id
         initialize(session, deployment)
         transition(session, deployment, DeploymentStatus.STARTING, columns={
             "upstream_url": f"http://{HOST}:{upstream_port}",
@@ -417,6 +429,50 @@ def report(latency: dict[str, Latencies], cold: dict[str, Latencies],
         print(f"- below LiteLLM's added p50: not measured ({skipped})")
 
 
+def captured_rows(database_url: str) -> tuple[int, int, int]:
+    """Rows captured, and the drops (queue full, limits), over both capturing deployments."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return tuple(conn.execute(sa.text(
+                "SELECT coalesce(sum(d.num_conversations), 0), "
+                "coalesce(sum(c.dropped_queue_full), 0), coalesce(sum(c.dropped_limit_reached), 0) "
+                "FROM captures c JOIN datasets d ON d.id = c.dataset_id")).one())
+    finally:
+        engine.dispose()
+
+
+def capture_report(latency: dict[str, Latencies], cold: dict[str, Latencies],
+                   throughput: dict[str, dict[str, list[Throughput]]],
+                   captured: tuple[int, int, int]) -> None:
+    """Capture on (sample rate 1.0) beside capture off: the same gateway, the same upstream."""
+    rows = []
+    for label, result in (("in a row", latency), ("one per target in turn", cold)):
+        for kind in KINDS:
+            off, on = (percentile(result[n].samples[kind], 50) for n in ("specdeck", "capture"))
+            rows.append([label, kind, ms(off), ms(on), f"{(on - off) * 1000:+.3f}",
+                         f"{on / off:.3f}"])
+    print("\nTraffic capture (sample rate 1.0) beside capture off, p50 (ms):\n")
+    print(table(["order", "request", "capture off", "capture on", "added ms", "on / off"], rows))
+    rows = []
+    for scenario, per_target in throughput.items():
+        off, on = median_rate(per_target["specdeck"]), median_rate(per_target["capture"])
+        cpu = [statistics.median(run.cpu.get("proxy", 0.0) for run in per_target[n]) * 1e6
+               for n in ("specdeck", "capture")]
+        rows.append([scenario, f"{off:.0f}", f"{on:.0f}", f"{on / off:.1%}", f"{cpu[0]:.0f}",
+                     f"{cpu[1]:.0f}"])
+    print("\nThroughput with capture (requests/s, median of rounds; gateway CPU us per request):\n")
+    print(table(["upstream", "capture off", "capture on", "on / off", "off us", "on us"], rows))
+    added = added_p50(latency, "capture", KINDS[0]) - added_p50(latency, "specdeck", KINDS[0])
+    verdict = "met" if added <= TARGET_CAPTURE_P50 else "MISSED"
+    print(f"\n- capture adds <= {TARGET_CAPTURE_P50 * 1000:.1f} ms to the added p50 "
+          f"({KINDS[0]}, in a row): {added * 1000:+.3f} ms: {verdict}")
+    print(f"  rows captured: {captured[0]}; dropped: {captured[1]} (queue full), "
+          f"{captured[2]} (limits)")
+
+
 # --- main --------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:
@@ -431,6 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, help="throughput rounds")
     parser.add_argument("--litellm", help="the litellm executable (default: var/litellm-venv)")
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--capture", action="store_true",
+                        help="also measure the gateway with traffic capture on (sample rate 1.0): "
+                        "a second deployment of the same upstream, a target of its own")
     parser.add_argument("--access-log", action="store_true",
                         help="run specdeck api with uvicorn's access log (off by default)")
     args = parser.parse_args(argv)
@@ -467,6 +526,9 @@ def main(argv: list[str] | None = None) -> None:
         key = create_key(env, "bench")
         add_deployment(database_url, "bench", MODEL, upstream)
         add_deployment(database_url, "bench", PACED, paced)
+        if args.capture:
+            add_deployment(database_url, "bench", CAPTURED, upstream, capture=True)
+            add_deployment(database_url, "bench", PACED_CAPTURED, paced, capture=True)
         api_port = free_port()
         argv_api = [str(Path(sys.executable).parent / "specdeck"), "api", "--host", HOST,
                     "--port", str(api_port)] + ([] if args.access_log else ["--no-access-log"])
@@ -475,6 +537,8 @@ def main(argv: list[str] | None = None) -> None:
         pids = {proc.name: proc.proc.pid for proc in procs.children}
         targets = [Target("direct", upstream, UPSTREAM_KEY, pids["upstream"]),
                    Target("specdeck", api_port, key, pids["specdeck-api"])]
+        if args.capture:
+            targets.append(Target("capture", api_port, key, pids["specdeck-api"], CAPTURED))
         if litellm is not None:
             print(f"starting LiteLLM's proxy ({litellm}) ...", flush=True)
             litellm_port = start_litellm(procs, litellm, tmp, {MODEL: upstream, PACED: paced})
@@ -483,15 +547,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.monotonic() - started:5.1f} s] processes ready", flush=True)
         # The paced upstream serves PACED; the direct target reaches it on its own port.
         paced_targets = [Target(t.name, paced, t.key, pids["upstream-paced"]) if t.name == "direct"
-                         else t for t in targets]
+                         else Target(t.name, t.port, t.key, t.pid, PACED_CAPTURED)
+                         if t.name == "capture" else t for t in targets]
         latency, cold, throughput = asyncio.run(measure_all(
             targets, paced_targets, requests, min(50, requests), args.block, args.concurrency,
             seconds, rounds, {"paced": pids["upstream-paced"], "unpaced": pids["upstream"]}))
         for proc in procs.children:
             proc.check_alive()
+        captured = captured_rows(database_url) if args.capture else None
     command = " ".join([".venv/bin/python", "benchmarks/gateway.py", *(argv or sys.argv[1:])])
     report(latency, cold, throughput, command, load_before, args.concurrency, args.block,
            skipped)
+    if captured is not None:
+        capture_report(latency, cold, throughput, captured)
     print(f"\n(total {time.monotonic() - started:.0f} s)")
 
 

@@ -247,6 +247,7 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
         to, kwargs = outcome
         if to in TERMINAL:
             remove_hidden_states(ctx.paths)
+            remove_work_data(ctx.spec, ctx.paths)
         _finish(lease, settings, to, **kwargs)
 
 
@@ -281,3 +282,11 @@ def remove_hidden_states(paths: JobPaths) -> None:
     """Hidden states are large and only needed while the job runs: remove them at the end."""
     for directory in (paths.hidden_states, paths.data / "hidden_states"):
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def remove_work_data(spec: dict[str, Any], paths: JobPaths) -> None:
+    """A capture's decrypted rows (and their copy for prepare-data) are user data kept
+    encrypted at rest: they leave the work dir when the job ends."""
+    if spec.get("dataset_kind") == "capture":
+        for path in (paths.captured, paths.root / "conversations.jsonl"):
+            path.unlink(missing_ok=True)

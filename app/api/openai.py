@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ from app.api.deps import bearer
 from app.errors import APIError, ErrorResponse, error_body, error_response, error_responses
 from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
+from app.services.capture import EVENT_SPLIT, Sampled, event_json
 from app.services.gateway import (
     Caller,
     ClientWatch,
@@ -228,33 +230,51 @@ def transport_error(gateway: Gateway, exc: UpstreamError) -> APIError:
                     type="server_error")
 
 
-def find_usage(content: bytes) -> dict[str, Any] | None:
-    """The ``usage`` object of a completion, without parsing the rest (it comes last)."""
-    at = content.rfind(b'"usage"')
-    if at >= 0:
-        colon = content.find(b":", at + 7)
-        try:
-            usage, _ = _decoder.raw_decode(content[colon + 1:].lstrip().decode())
-            return usage if isinstance(usage, dict) else None
-        except (ValueError, UnicodeDecodeError):
-            pass
+def find_object(content: bytes, name: str) -> dict[str, Any] | None:
+    """The top-level object ``name`` of a completion (``usage`` comes last, ``metrics`` near
+    the end), found from the end without parsing the rest; the whole body is parsed only if
+    that fails."""
+    key = f'"{name}"'.encode()
+    at = content.rfind(key)
+    if at < 0:
+        return None
+    colon = content.find(b":", at + len(key))
     try:
-        usage = json.loads(content).get("usage")
+        found, _ = _decoder.raw_decode(content[colon + 1:].lstrip().decode())
+        return found if isinstance(found, dict) else None
+    except (ValueError, UnicodeDecodeError):
+        pass
+    try:
+        found = json.loads(content).get(name)
     except (ValueError, AttributeError):
         return None
-    return usage if isinstance(usage, dict) else None
+    return found if isinstance(found, dict) else None
 
 
-def record_usage(gateway: Gateway, caller: Caller, route: Route, usage: Any) -> None:
+def acceptance_length(metrics: Any) -> float | None:
+    """The request's mean acceptance length, from the ``metrics.speculative_decoding`` that
+    vLLM adds with ``--per-request-spec-decode-metrics`` (the local engine too); None when
+    absent or when no step was drafted."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict) or spec.get("num_spec_steps") == 0:
+        return None
+    value = spec.get("mean_acceptance_length")
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 1:
+        return None
+    return float(value)
+
+
+def record_usage(gateway: Gateway, caller: Caller, route: Route, usage: Any,
+                 metrics: Any = None) -> None:
     if isinstance(usage, dict):
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        gateway.usage.add(caller, route, prompt if type(prompt) is int else 0,
-                          completion if type(completion) is int else 0)
+        gateway.usage.add_usage(caller, route, prompt if type(prompt) is int else 0,
+                                completion if type(completion) is int else 0,
+                                acceptance_length(metrics) if metrics is not None else None)
 
 
 # --- streaming ---------------------------------------------------------------------------------
 
-_EVENT_SPLIT = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -264,11 +284,6 @@ def event_end(data: bytes) -> int:
     end = end + 2 if end >= 0 else 0
     crlf = data.rfind(b"\r\n\r\n")
     return max(end, crlf + 4) if crlf >= 0 else end
-
-
-def event_json(event: bytes) -> Any:
-    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
-    return json.loads(b"\n".join(lines)) if lines else None
 
 
 def sse_error(message: str, code: str) -> bytes:
@@ -281,7 +296,7 @@ class SSEProxy(Response):
 
     def __init__(self, gateway: Gateway, caller: Caller, route: Route,
                  upstream: UpstreamResponse, watch: ClientWatch, first: bytes,
-                 client_usage: bool) -> None:
+                 client_usage: bool, messages: Any) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -289,11 +304,18 @@ class SSEProxy(Response):
         self.gateway, self.caller, self.route = gateway, caller, route
         self.upstream, self.watch, self.first = upstream, watch, first
         self.client_usage = client_usage
+        # Captured (sampled): the chunks as forwarded, assembled into the reply off the path.
+        self.messages, self.captured = messages, ([] if route.sample() else None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             last = await self.relay(send)
             await send({"type": "http.response.body", "body": last, "more_body": False})
+            if self.captured is not None:
+                self.captured.append(last)
+                self.gateway.capture.add_sampled(Sampled(
+                    self.route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
+                    self.messages, self.captured, True))
         except asyncio.CancelledError:
             if not self.watch.swallow():
                 raise  # not the client going away: the server is stopping
@@ -305,7 +327,7 @@ class SSEProxy(Response):
         """Send the events as they come; return what ends the stream."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         pending, chunk, done = b"", self.first, False
-        next_chunk = self.upstream.next_chunk
+        next_chunk, captured = self.upstream.next_chunk, self.captured
         while True:
             data = pending + chunk if pending else chunk
             end = event_end(data)
@@ -317,13 +339,17 @@ class SSEProxy(Response):
                     done = True
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if captured is not None:
+                        captured.append(out)
             else:
                 pending = data
             try:
                 chunk = await next_chunk()
             except UpstreamTimeout:
+                self.captured = None  # a broken reply is not captured
                 return sse_error("The model server stopped sending mid-stream", "upstream_timeout")
             except UpstreamError as exc:
+                self.captured = None
                 return sse_error(f"The model server failed mid-stream ({type(exc).__name__})",
                                  "upstream_error")
             if chunk is None:
@@ -335,7 +361,7 @@ class SSEProxy(Response):
 
     def take_usage(self, out: bytes) -> bytes:
         """Record the usage in these events; drop the usage chunk if the client did not ask."""
-        parts = _EVENT_SPLIT.split(out)
+        parts = EVENT_SPLIT.split(out)
         kept: list[bytes] = []
         for i in range(0, len(parts), 2):
             event, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
@@ -345,7 +371,8 @@ class SSEProxy(Response):
                 except ValueError:
                     payload = None
                 if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
-                    record_usage(self.gateway, self.caller, self.route, payload["usage"])
+                    record_usage(self.gateway, self.caller, self.route, payload["usage"],
+                                 payload.get("metrics"))
                     if not self.client_usage:
                         if not payload.get("choices"):
                             continue  # the usage-only chunk the gateway asked for
@@ -462,13 +489,14 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
     model, stream = check_request(body, gateway.max_tokens)
     route = await resolve(gateway, caller, model)
     content, client_usage = upstream_body(raw, body, stream)
+    messages = body.get("messages")
     if not stream:
-        return await complete(gateway, caller, route, content, receive)
-    return await open_stream(gateway, caller, route, content, receive, client_usage)
+        return await complete(gateway, caller, route, content, receive, messages)
+    return await open_stream(gateway, caller, route, content, receive, client_usage, messages)
 
 
 async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                   receive: Receive) -> Response | None:
+                   receive: Receive, messages: Any) -> Response | None:
     upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
     try:
@@ -486,12 +514,16 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
             upstream.close()  # a no-op once read to the end; else aborts the upstream request
     if upstream.status != 200:
         raise upstream_error(upstream.status, body, upstream.header("Retry-After"))
-    record_usage(gateway, caller, route, find_usage(body))
+    record_usage(gateway, caller, route, find_object(body, "usage"),
+                 find_object(body, "metrics") if b'"speculative_decoding"' in body else None)
+    if route.sample():
+        gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
+                                            messages, body, False))
     return Response(body, media_type=_JSON)
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                      receive: Receive, client_usage: bool) -> Response | None:
+                      receive: Receive, client_usage: bool, messages: Any) -> Response | None:
     upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
     first: bytes | None = None
@@ -523,4 +555,4 @@ async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: b
             raise transport_error(gateway, exc) from None
         raise
     # From here the response owns the watch and the upstream response (and closes both).
-    return SSEProxy(gateway, caller, route, upstream, watch, first, client_usage)
+    return SSEProxy(gateway, caller, route, upstream, watch, first, client_usage, messages)

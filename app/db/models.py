@@ -21,7 +21,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
@@ -208,6 +208,11 @@ class Deployment(Leased, Base):
     api_key_ciphertext: Mapped[str | None] = mapped_column(Text)  # the upstream's internal key
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Traffic capture (opt-in): the dataset the gateway records this deployment's sampled
+    # requests into; null when capture is off, or once that dataset was deleted.
+    capture_dataset_id: Mapped[str | None] = mapped_column(
+        ForeignKey("datasets.id", ondelete="SET NULL"), index=True)
+    capture_dataset: Mapped[Dataset | None] = relationship(lazy="selectin", viewonly=True)
 
 
 class DeploymentEvent(Event, Base):
@@ -230,6 +235,9 @@ class Usage(Base):
     model: Mapped[str] = mapped_column(String(100))
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # The request's mean acceptance length, when the engine reports it per request (vLLM's
+    # --per-request-spec-decode-metrics: metrics.speculative_decoding.mean_acceptance_length).
+    acceptance_length: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -292,7 +300,7 @@ class Dataset(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ds"))
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(255))
-    kind: Mapped[str] = mapped_column(String(16))  # "upload" or "public"
+    kind: Mapped[str] = mapped_column(String(16))  # "upload", "public" or "capture"
     format: Mapped[str | None] = mapped_column(String(16))  # "messages" or "conversations"
     sha256: Mapped[str | None] = mapped_column(String(64))
     path: Mapped[str | None] = mapped_column(Text)
@@ -300,6 +308,42 @@ class Dataset(Base):
     num_conversations: Mapped[int | None] = mapped_column(Integer)
     num_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # kind "capture": its settings and counters (its rows are CapturedRow).
+    capture: Mapped[Capture | None] = relationship(lazy="selectin", cascade="all, delete-orphan",
+                                                   passive_deletes=True)
+
+
+class Capture(Base):
+    """A capture dataset's settings (from the deployment's ``capture`` option) and counters.
+    ``Dataset.num_conversations`` and ``num_bytes`` are its rows and their plaintext bytes."""
+
+    __tablename__ = "captures"
+
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"),
+                                            primary_key=True)
+    sample_rate: Mapped[float] = mapped_column(Float)
+    max_rows: Mapped[int] = mapped_column(BigInteger)
+    max_bytes: Mapped[int] = mapped_column(BigInteger)
+    retention_days: Mapped[int] = mapped_column(Integer)
+    # Sampled requests not recorded: the API process's queue was full, or the dataset was.
+    dropped_queue_full: Mapped[int] = mapped_column(BigInteger, default=0)
+    dropped_limit_reached: Mapped[int] = mapped_column(BigInteger, default=0)
+    first_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class CapturedRow(Base):
+    """One captured request: ``{"messages": [... the request's, the assistant's reply]}`` as
+    JSON, Fernet-encrypted (app/services/secrets.py); ``num_bytes`` is the plaintext's size."""
+
+    __tablename__ = "captured_rows"
+    __table_args__ = (Index("ix_captured_rows_dataset_id_created_at", "dataset_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ciphertext: Mapped[str] = mapped_column(Text)
+    num_bytes: Mapped[int] = mapped_column(Integer)
 
 
 class Webhook(Base):

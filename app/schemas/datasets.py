@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
+from app.schemas.capture import CaptureOut
 from app.schemas.common import Strict
 
 # The presets of speculators 0.9.0's dataset registry
@@ -20,7 +21,7 @@ PublicName = Literal["sharegpt", "ultrachat", "gsm8k", "magpie", "nemotron", "op
 PUBLIC_DATASETS: tuple[str, ...] = get_args(PublicName)
 
 DatasetFormat = Literal["messages", "conversations"]
-DatasetKind = Literal["upload", "public"]
+DatasetKind = Literal["upload", "public", "capture"]
 
 NAME_MAX = 255
 
@@ -37,7 +38,8 @@ class DatasetOut(BaseModel):
     id: str
     name: str
     kind: DatasetKind
-    # Uploads: the chat format, content hash, size and number of conversations.
+    # Uploads: the chat format, content hash, size and number of conversations (captures: the
+    # rows captured so far and their bytes).
     format: DatasetFormat | None
     sha256: str | None
     num_conversations: int | None
@@ -45,3 +47,5 @@ class DatasetOut(BaseModel):
     # Public datasets: the speculators preset name.
     public_name: str | None
     created_at: datetime
+    # Capture datasets (traffic recorded by a deployment's gateway route): settings, counters.
+    capture: CaptureOut | None = None

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.schemas.capture import CaptureOptions, CaptureOut
 from app.schemas.common import EventBase, Strict
 
 
@@ -39,6 +40,8 @@ class DeploymentCreate(Strict):
     num_speculative_tokens: int | None = Field(None, ge=1, le=64)
     resources: DeploymentResources = Field(default_factory=DeploymentResources)
     runtime: Literal["vllm", "local"] | None = None
+    capture: CaptureOptions | None = Field(None, description="Opt-in traffic capture into a "
+                                           "project dataset (see CaptureOptions)")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DeploymentCreate":
@@ -70,6 +73,7 @@ class DeploymentOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    capture: CaptureOut | None = None
 
 
 class DeploymentEventOut(EventBase):

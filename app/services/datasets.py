@@ -403,8 +403,9 @@ def _remove_file(path: Path) -> None:
 def resolve_for_job(session: Session, project_id: str, ref: str,
                     settings: Settings) -> dict[str, Any]:
     """What a job records about its dataset: ``dataset_id``, ``dataset_path`` (an absolute path,
-    or the public preset name) and ``dataset_kind`` ("upload", "public", or "path" for a file
-    named directly under the data root)."""
+    or the public preset name; none for a capture, which the worker writes out) and
+    ``dataset_kind`` ("upload", "public", "capture", or "path" for a file named directly under
+    the data root)."""
     if DATASET_ID.match(ref):
         dataset = session.scalars(
             select(Dataset).where(Dataset.id == ref, Dataset.project_id == project_id)
@@ -415,6 +416,12 @@ def resolve_for_job(session: Session, project_id: str, ref: str,
         if dataset.kind == "public":
             return {"dataset_id": dataset.id, "dataset_path": dataset.public_name,
                     "dataset_kind": "public"}
+        if dataset.kind == "capture":  # the worker writes its rows into the job's work dir
+            if not dataset.num_conversations:
+                raise APIError(422, f"dataset {dataset.id} has captured no rows yet",
+                               code="dataset_empty", param="dataset")
+            return {"dataset_id": dataset.id, "dataset_path": None, "dataset_kind": "capture",
+                    "dataset_format": "messages"}
         if not Path(dataset.path or "").is_file():
             raise APIError(422, f"the file of dataset {dataset.id} is missing from the data root; "
                            "upload it again", code="dataset_not_found", param="dataset")
@@ -448,4 +455,8 @@ def sniff_format(path: Path) -> str | None:
 
 
 def dataset_out(dataset: Dataset) -> DatasetOut:
-    return DatasetOut.model_validate(dataset, from_attributes=True)
+    from app.services.capture import capture_out  # it validates rows with check_record
+
+    fields = {name: getattr(dataset, name) for name in DatasetOut.model_fields
+              if name not in ("object", "capture")}
+    return DatasetOut(**fields, capture=capture_out(dataset))

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Checkpoint, Deployment, DeploymentEvent, Job
 from app.errors import APIError, not_found
 from app.schemas.deployments import DeploymentCreate, DeploymentOut
-from app.services import quotas, state
+from app.services import capture, quotas, state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
 from app.services.verifier import load_config, read_config, resolve_verifier
@@ -77,7 +77,12 @@ def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
         "runtime": body.runtime or settings.default_runtime,
         "resources": body.resources.model_dump(),
     }
-    deployment = Deployment(project_id=project_id, name=body.name, spec=spec)
+    capture_dataset = None
+    if body.capture is not None:  # before the new row exists: a redeploy reuses the dataset
+        spec["capture"] = body.capture.model_dump()
+        capture_dataset = capture.start(session, project_id, body.name, body.capture)
+    deployment = Deployment(project_id=project_id, name=body.name, spec=spec,
+                            capture_dataset_id=capture_dataset.id if capture_dataset else None)
     state.initialize(session, deployment, "deployment created")
     quotas.check_active(session, deployment, settings)
     schedule(session, settings)
@@ -132,4 +137,5 @@ def deployment_out(deployment: Deployment) -> DeploymentOut:
         runtime=spec["runtime"], resources=spec["resources"], restarts=deployment.restarts,
         worker=deployment.worker_id, allocation=deployment.allocation,
         created_at=deployment.created_at, updated_at=deployment.updated_at,
-        started_at=deployment.started_at, finished_at=deployment.finished_at)
+        started_at=deployment.started_at, finished_at=deployment.finished_at,
+        capture=capture.capture_out(deployment.capture_dataset, spec.get("capture")))

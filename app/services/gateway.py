@@ -10,7 +10,9 @@ may call, and what they used. Everything on the request path is in memory.
   gives each process its own buckets, so a key gets up to N times the rate).
 * ``UsageRecorder``: usage rows buffered in memory and inserted in batches by a background task
   (every ``gateway_usage_flush_seconds``, and at shutdown), in a thread: the event loop never
-  waits on the database.
+  waits on the database. ``CaptureRecorder``: the same (``BatchWriter``) for the requests
+  sampled by deployments that capture traffic, in a bounded queue: when it is full, a request
+  goes on uncaptured and is counted as dropped (``app.services.capture``).
 * ``UpstreamClient``: one ``aiohttp.ClientSession`` per app: pooled keep-alive connections to the
   upstreams, a read timeout per streamed chunk, bytes passed through undecoded. (aiohttp, not
   httpx: against the same upstream in the same run, httpx cost about 1 ms of CPU per request
@@ -26,20 +28,23 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
 import aiohttp
-from cryptography.fernet import InvalidToken
+from cryptography.fernet import InvalidToken, MultiFernet
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.db import session_scope
-from app.db.models import ApiKey, Deployment, Usage, utcnow
+from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
+from app.services import capture
+from app.services.capture import Sampled
 from app.services.keys import hash_key
 from app.services.secrets import cipher
 from app.services.state import DeploymentStatus
@@ -49,6 +54,7 @@ log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+T = TypeVar("T")
 
 # --- caches ------------------------------------------------------------------------------------
 
@@ -145,6 +151,14 @@ class Route:
     # is unusable (not set, not decryptable, not a valid header).
     url: str | None = None
     headers: dict[str, str] | None = None
+    # Traffic capture: the dataset sampled requests go to (None: off), and the share sampled.
+    capture_dataset_id: str | None = None
+    capture_rate: float = 0.0
+
+    def sample(self) -> bool:
+        """Whether to capture this request (decided per request)."""
+        return self.capture_dataset_id is not None and (
+            self.capture_rate >= 1.0 or random.random() < self.capture_rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +187,9 @@ def routes_loader(settings: Settings) -> Callable[[str], ProjectRoutes]:
         with session_scope() as session:
             rows = session.execute(
                 select(Deployment.id, Deployment.name, Deployment.status, Deployment.upstream_url,
-                       Deployment.api_key_ciphertext, Deployment.created_at)
+                       Deployment.api_key_ciphertext, Deployment.created_at,
+                       Capture.dataset_id.label("capture_dataset_id"), Capture.sample_rate)
+                .outerjoin(Capture, Capture.dataset_id == Deployment.capture_dataset_id)
                 .where(Deployment.project_id == project_id,
                        Deployment.status != DeploymentStatus.STOPPED.value)
                 .order_by(Deployment.created_at, Deployment.id)).all()
@@ -191,7 +207,9 @@ def routes_loader(settings: Settings) -> Callable[[str], ProjectRoutes]:
             by_name[row.name] = Route(deployment_id=row.id, name=row.name, status=row.status,
                                       upstream_url=row.upstream_url,
                                       created=int(row.created_at.timestamp()),
-                                      url=url, headers=headers)
+                                      url=url, headers=headers,
+                                      capture_dataset_id=row.capture_dataset_id,
+                                      capture_rate=row.sample_rate or 0.0)
         return ProjectRoutes(by_name=by_name)
 
     return load
@@ -250,23 +268,26 @@ class RateLimiter:
         return (1.0 - tokens) / self.rate
 
 
-# --- usage -------------------------------------------------------------------------------------
+# --- batched writes: usage, capture ------------------------------------------------------------
 
-@dataclass
-class UsageRecorder:
-    """Buffers usage rows; ``run()`` inserts them every ``interval`` seconds, ``flush()`` now."""
+class BatchWriter(Generic[T]):
+    """Items buffered in memory and written in batches by ``run()`` every ``interval`` seconds
+    (``flush()``: now), in a thread: the event loop never waits on the database. At most
+    ``max_pending`` items wait; ``add`` refuses more (False). Subclasses write a batch
+    (``write``, in the thread) and say what becomes of one that failed (``restore``)."""
 
-    interval: float
-    max_pending: int = 200_000
-    pending: list[dict[str, Any]] = field(default_factory=list)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    what = "rows"
 
-    def add(self, caller: Caller, route: Route, prompt_tokens: int, completion_tokens: int) -> None:
-        self.pending.append({"api_key_id": caller.key_id, "project_id": caller.project_id,
-                             "deployment_id": route.deployment_id, "model": route.name,
-                             "prompt_tokens": int(prompt_tokens),
-                             "completion_tokens": int(completion_tokens),
-                             "created_at": utcnow()})
+    def __init__(self, interval: float, max_pending: int) -> None:
+        self.interval, self.max_pending = interval, max_pending
+        self.pending: list[T] = []
+        self._lock = asyncio.Lock()
+
+    def add(self, item: T) -> bool:
+        if len(self.pending) >= self.max_pending:
+            return False
+        self.pending.append(item)
+        return True
 
     async def run(self) -> None:
         while True:
@@ -274,25 +295,54 @@ class UsageRecorder:
             with contextlib.suppress(Exception):  # flush() logs; keep flushing
                 await self.flush()
 
+    def take(self) -> Any:
+        """What the next ``write`` gets (on the event loop); None: nothing to write."""
+        batch, self.pending = self.pending, []
+        return batch or None
+
     async def flush(self) -> int:
         async with self._lock:
-            batch, self.pending = self.pending, []
-            if not batch:
+            batch = self.take()
+            if batch is None:
                 return 0
             try:
-                await anyio.to_thread.run_sync(self._write, batch)
+                return await anyio.to_thread.run_sync(self.write, batch)
             except Exception:
-                log.exception("could not record %d usage rows; will retry", len(batch))
-                self.pending[:0] = batch
-                if len(self.pending) > self.max_pending:  # the database is gone for long
-                    dropped = len(self.pending) - self.max_pending
-                    del self.pending[:dropped]
-                    log.error("dropped the %d oldest unrecorded usage rows", dropped)
+                log.exception("could not record %s; will retry", self.what)
+                self.restore(batch)
                 raise
-            return len(batch)
 
-    @staticmethod
-    def _write(batch: list[dict[str, Any]]) -> None:
+    def write(self, batch: Any) -> int:
+        raise NotImplementedError
+
+    def restore(self, batch: Any) -> None:
+        """A failed batch back in front of what came since, the oldest dropped beyond
+        ``max_pending`` (the database is gone for long)."""
+        self.pending[:0] = batch
+        if len(self.pending) > self.max_pending:
+            dropped = len(self.pending) - self.max_pending
+            del self.pending[:dropped]
+            log.error("dropped the %d oldest unrecorded %s", dropped, self.what)
+
+
+class UsageRecorder(BatchWriter[dict[str, Any]]):
+    """Usage rows (one per request), and the keys' ``last_used_at``."""
+
+    what = "usage rows"
+
+    def __init__(self, interval: float, max_pending: int = 200_000) -> None:
+        super().__init__(interval, max_pending)
+
+    def add_usage(self, caller: Caller, route: Route, prompt_tokens: int, completion_tokens: int,
+                  acceptance_length: float | None = None) -> None:
+        if not self.add({"api_key_id": caller.key_id, "project_id": caller.project_id,
+                         "deployment_id": route.deployment_id, "model": route.name,
+                         "prompt_tokens": int(prompt_tokens),
+                         "completion_tokens": int(completion_tokens),
+                         "acceptance_length": acceptance_length, "created_at": utcnow()}):
+            log.error("dropped a usage row: %d are waiting for the database", len(self.pending))
+
+    def write(self, batch: list[dict[str, Any]]) -> int:
         last_used: dict[str, Any] = {}
         for row in batch:
             last_used[row["api_key_id"]] = row["created_at"]
@@ -313,6 +363,42 @@ class UsageRecorder:
                         session.execute(Usage.__table__.insert(), [row])
                 except IntegrityError:
                     log.warning("dropped a usage row of deleted key %s", row["api_key_id"])
+        return len(batch)
+
+
+class CaptureRecorder(BatchWriter[Sampled]):
+    """Sampled requests of deployments that capture (``app.services.capture``). A full queue
+    drops the request from capture, never delays it: counted per dataset, and the count is
+    written with the next batch (``captures.dropped_queue_full``)."""
+
+    what = "captured requests"
+
+    def __init__(self, interval: float, max_pending: int, fernet: MultiFernet) -> None:
+        super().__init__(interval, max_pending)
+        self.fernet = fernet
+        self.dropped: dict[str, int] = {}
+
+    def add_sampled(self, sampled: Sampled) -> None:
+        if not self.add(sampled):
+            self.dropped[sampled.dataset_id] = self.dropped.get(sampled.dataset_id, 0) + 1
+
+    def take(self) -> tuple[list[Sampled], dict[str, int]] | None:
+        batch, self.pending = self.pending, []
+        dropped, self.dropped = self.dropped, {}
+        return (batch, dropped) if batch or dropped else None
+
+    def write(self, batch: tuple[list[Sampled], dict[str, int]]) -> int:
+        with session_scope() as session:
+            return capture.store(session, batch[0], batch[1], self.fernet)
+
+    def restore(self, batch: tuple[list[Sampled], dict[str, int]]) -> None:
+        sampled, dropped = batch
+        for dataset_id, count in dropped.items():
+            self.dropped[dataset_id] = self.dropped.get(dataset_id, 0) + count
+        cut = len(sampled) - min(len(sampled), max(0, self.max_pending - len(self.pending)))
+        for item in sampled[:cut]:  # the oldest, that no longer fit
+            self.dropped[item.dataset_id] = self.dropped.get(item.dataset_id, 0) + 1
+        self.pending[:0] = sampled[cut:]
 
 
 # --- the upstream client -----------------------------------------------------------------------
@@ -475,24 +561,28 @@ class Gateway:
         self.limiter = RateLimiter(settings.gateway_rate_limit_rpm,
                                    settings.gateway_rate_limit_burst)
         self.usage = UsageRecorder(settings.gateway_usage_flush_seconds)
+        self.capture = CaptureRecorder(settings.gateway_capture_flush_seconds,
+                                       settings.gateway_capture_queue_rows, cipher(settings))
         self.client = UpstreamClient(
             connect_timeout=settings.gateway_upstream_connect_timeout_seconds,
             read_timeout=settings.gateway_upstream_timeout_seconds,
             max_connections=settings.gateway_upstream_max_connections)
-        self._flusher: asyncio.Task[None] | None = None
+        self._flushers: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        if self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(self.usage.run())
+        if not self._flushers:
+            loop = asyncio.get_running_loop()
+            self._flushers = [loop.create_task(w.run()) for w in (self.usage, self.capture)]
 
     async def aclose(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for flusher in self._flushers:
+            flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-            self._flusher = None
-        with contextlib.suppress(Exception):
-            await self.usage.flush()
+                await flusher
+        self._flushers = []
+        for writer in (self.usage, self.capture):
+            with contextlib.suppress(Exception):
+                await writer.flush()
         await self.callers.aclose()
         await self.routes.aclose()
         await self.client.aclose()

@@ -1,9 +1,9 @@
 """Project secrets (the Hugging Face token, ...), encrypted at rest with Fernet; webhook signing
-secrets are encrypted with the same key.
+secrets and captured traffic are encrypted with the same key.
 
 The key comes from SPECDECK_SECRET_KEY. To rotate it, set the new value and move the old one to
 SPECDECK_SECRET_KEY_PREVIOUS (comma-separated for several), then run `specdeck secrets rotate`:
-every value (project secrets and webhook secrets) is re-encrypted under the new key, after
+every value (project secrets, webhook secrets, captured rows) is re-encrypted under the new key, after
 which the previous keys can be dropped.
 """
 
@@ -14,10 +14,10 @@ import hashlib
 import re
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import Secret, Webhook, utcnow
+from app.db.models import CapturedRow, Secret, Webhook, utcnow
 from app.errors import APIError
 from app.settings import Settings
 
@@ -99,4 +99,13 @@ def rotate(session: Session, settings: Settings) -> int:
     for webhook in session.scalars(select(Webhook)):
         webhook.secret_ciphertext = fernet.rotate(webhook.secret_ciphertext.encode()).decode()
         rotated += 1
+    table = CapturedRow.__table__  # captured traffic (app/services/capture.py), in batches
+    last = 0
+    while batch := session.execute(select(table.c.id, table.c.ciphertext).where(
+            table.c.id > last).order_by(table.c.id).limit(1000)).all():
+        session.execute(update(table).where(table.c.id == bindparam("row_id")), [
+            {"row_id": row_id, "ciphertext": fernet.rotate(ciphertext.encode()).decode()}
+            for row_id, ciphertext in batch])
+        rotated += len(batch)
+        last = batch[-1][0]
     return rotated

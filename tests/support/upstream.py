@@ -29,6 +29,8 @@ unchanged), e.g. ``extra_body={"upstream_control": {"fail": 500}}`` with the ope
 ``fail``        answer this HTTP status with an OpenAI-shaped error instead
 ``die_after``   streaming: send this many token chunks, then drop the connection mid-body (the
                 chunked encoding is never terminated, as when the server process dies)
+``acceptance_length``  add vLLM's per-request ``metrics.speculative_decoding`` with this mean
+                acceptance length (streaming: on the usage chunk, as vLLM sends it)
 
 Each recorded request: ``tag``, ``model``, ``stream``, ``authorized``, ``body`` (the JSON it got),
 ``chunks_sent``, ``completed`` (the whole response went out), ``disconnected`` (the client went
@@ -80,6 +82,17 @@ def count_words(messages: Any) -> int:
         elif isinstance(content, list):  # content parts
             total += sum(len(p.get("text", "").split()) for p in content if isinstance(p, dict))
     return total
+
+
+def spec_decode_metrics(acceptance_length: float, steps: int = 4, k: int = 3) -> dict[str, Any]:
+    """vLLM's ``metrics`` with ``--per-request-spec-decode-metrics summary``, for a request
+    whose mean acceptance length is ``acceptance_length`` (the other figures consistent)."""
+    accepted = round((acceptance_length - 1) * steps)
+    return {"speculative_decoding": {
+        "mean_acceptance_length": acceptance_length,
+        "draft_acceptance_rate": accepted / (steps * k), "num_spec_steps": steps,
+        "num_accepted_draft_tokens": accepted, "num_draft_tokens": steps * k,
+        "num_spec_tokens": k}}
 
 
 class UpstreamApp:
@@ -203,6 +216,8 @@ class UpstreamApp:
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                 "logprobs": None, "finish_reason": "stop"}],
                    "usage": usage}
+            if control.get("acceptance_length") is not None:
+                out["metrics"] = spec_decode_metrics(float(control["acceptance_length"]))
             await self._json(send, 200, json.dumps(out).encode())
             record["completed"] = True
             return
@@ -210,7 +225,7 @@ class UpstreamApp:
         await self._stream(receive, send, record, body["model"], ident, created, n_tokens,
                            usage if include_usage else None,
                            float(control.get("delay", self.delay)),
-                           control.get("die_after"))
+                           control.get("die_after"), control.get("acceptance_length"))
 
     @staticmethod
     async def _client_left(receive: Receive, seconds: float) -> bool:
@@ -227,7 +242,8 @@ class UpstreamApp:
 
     async def _stream(self, receive: Receive, send: Send, record: dict[str, Any], model: str,
                       ident: str, created: int, n_tokens: int, usage: dict[str, int] | None,
-                      delay: float, die_after: int | None) -> None:
+                      delay: float, die_after: int | None,
+                      acceptance_length: float | None = None) -> None:
         head = (f'{{"id":"{ident}","object":"chat.completion.chunk","created":{created},'
                 f'"model":{json.dumps(model)},"choices":[')
         tail = ',"usage":null}' if usage is not None else "}"
@@ -253,8 +269,11 @@ class UpstreamApp:
             events += [chunk(json.dumps({"content": TOKENS[i % len(TOKENS)]}))
                        for i in range(n_tokens)]
             events.append(chunk("{}", "stop"))
-            if usage is not None:
-                events.append((f'data: {head}],"usage":{json.dumps(usage)}}}\n\n').encode())
+            if usage is not None:  # vLLM's per-request metrics ride the usage chunk
+                metrics = ("" if acceptance_length is None else ',"metrics":'
+                           + json.dumps(spec_decode_metrics(float(acceptance_length))))
+                events.append((f'data: {head}],"usage":{json.dumps(usage)}{metrics}}}\n\n')
+                              .encode())
             events.append(b"data: [DONE]\n\n")
             for i, event in enumerate(events):
                 if die_after is not None and i > int(die_after):  # the role chunk, then tokens

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.runner import JobContext
-from workers.runtimes import training_data
+from app.db import session_scope, with_retries
+from app.services import capture
+from app.services.secrets import cipher
+from workers.runner import JobContext, StageFailed
+from workers.runtimes import dataset_file, training_data
 
 
 def prepared(ctx: JobContext) -> bool:
@@ -27,11 +30,35 @@ def as_conversations(source: Path, target: Path) -> None:
     partial.replace(target)
 
 
+def write_captured(ctx: JobContext) -> None:
+    """A capture dataset's rows, decrypted into the job's work dir as ``messages`` JSONL, once
+    per job, by the first stage that reads the data (the rows captured by then); the file goes
+    when the job ends (``workers.runner.remove_work_data``)."""
+    target = ctx.paths.captured
+    if ctx.spec.get("dataset_kind") != "capture" or target.is_file():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fernet = cipher(ctx.settings)
+
+    def export() -> int:
+        with session_scope() as session:
+            return capture.export_jsonl(session, ctx.spec["dataset_id"], target, fernet)
+
+    rows = with_retries(export, seconds=ctx.settings.database_retry_seconds, what=ctx.job_id)
+    if rows == 0:
+        target.unlink(missing_ok=True)
+        raise StageFailed(f"dataset {ctx.spec['dataset_id']} holds no captured rows any more "
+                          "(its retention purged them)", code="data_error")
+    ctx.event("captured_data", f"wrote the {rows} captured rows of dataset "
+              f"{ctx.spec['dataset_id']} for this job", {"rows": rows})
+
+
 def prepare_data(ctx: JobContext) -> None:
     assert ctx.plan is not None, "the verifier stage sets the plan"
+    write_captured(ctx)
     data = training_data(ctx.spec, ctx.paths)
     if ctx.spec.get("dataset_format") == "messages" and not Path(data).is_file():
-        as_conversations(Path(ctx.spec["dataset_path"]), Path(data))
+        as_conversations(dataset_file(ctx.spec, ctx.paths), Path(data))
     commands = [c for c in ctx.plan.stages if c.stage == "preparing_data"]
     if prepared(ctx):
         ctx.event("skipped", "prepared data already present; reusing it")

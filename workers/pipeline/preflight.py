@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from workers.pipeline.data import write_captured
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import JobPaths, data_settings, server_layer_ids
+from workers.runtimes import JobPaths, data_settings, dataset_file, server_layer_ids
 
 BYTES_PER_TOKEN_OF_TEXT = 4  # a rough tokenizer ratio, to size hidden states before data prep
 GIB = 2**30
@@ -22,7 +23,7 @@ def verifier_params(info: dict[str, Any]) -> int:
 def source_data(spec: dict[str, Any], paths: JobPaths) -> Path:
     """The file the job's data comes from: the verifier's regenerated rows when it regenerates
     (a public preset's ``dataset_path`` is only the preset's name), else the upload."""
-    return paths.regenerated if data_settings(spec)["regenerate"] else Path(spec["dataset_path"])
+    return paths.regenerated if data_settings(spec)["regenerate"] else dataset_file(spec, paths)
 
 
 def estimates(spec: dict[str, Any], data: Path) -> dict[str, float]:
@@ -47,6 +48,7 @@ def estimates(spec: dict[str, Any], data: Path) -> dict[str, float]:
 
 def preflight(ctx: JobContext) -> None:
     spec = ctx.spec
+    write_captured(ctx)
     data = source_data(spec, ctx.paths)
     if not data.is_file():
         raise StageFailed(f"dataset file {data} is gone", code="data_error")

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from app.db.models import JobMetric
+from workers.pipeline.data import write_captured
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
 from workers.runtimes import data_settings, regeneration_commands, regeneration_source
@@ -126,6 +127,7 @@ def regenerate(ctx: JobContext) -> None:
     if done_marker(ctx).is_file():
         ctx.event("skipped", f"the verifier's replies are already regenerated ({out.name})")
         return
+    write_captured(ctx)
     settings = data_settings(ctx.spec)
     source = regeneration_source(ctx.spec, ctx.paths)
     total = conversations_total(source, settings["max_samples"])

@@ -31,6 +31,11 @@ class JobPaths:
     regenerated: Path  # the verifier's own replies (speculators regenerate-responses)
     mirror: Path | None = None  # local copies of public presets (settings.public_datasets_mirror)
 
+    @property
+    def captured(self) -> Path:
+        """A capture dataset's rows, decrypted for this job (removed when it ends)."""
+        return self.root / "captured.jsonl"
+
     @classmethod
     def for_job(cls, settings: Settings, job_id: str) -> "JobPaths":
         root = (settings.work_root / job_id).resolve()
@@ -93,12 +98,20 @@ def data_settings(spec: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def dataset_file(spec: dict[str, Any], paths: JobPaths) -> Path:
+    """The job's JSONL: the upload (or file under the data root), or a capture's rows as the
+    data stage writes them out."""
+    if spec.get("dataset_kind") == "capture":
+        return paths.captured
+    return Path(spec["dataset_path"])
+
+
 def regeneration_source(spec: dict[str, Any], paths: JobPaths) -> str:
     """What regenerate-responses reads: the uploaded JSONL (it reads OpenAI ``messages`` and
     ShareGPT ``conversations``), or a public preset by name (speculators downloads it), or the
     preset's local copy under the mirror directory when there is one."""
     if spec["dataset_kind"] != "public":
-        return spec["dataset_path"]
+        return str(dataset_file(spec, paths))
     preset = spec["dataset_path"]
     if paths.mirror is not None and (paths.mirror / f"{preset}.jsonl").is_file():
         return str((paths.mirror / f"{preset}.jsonl").resolve())
@@ -114,7 +127,7 @@ def training_data(spec: dict[str, Any], paths: JobPaths) -> str:
         return str(paths.regenerated)
     if spec.get("dataset_format") == "messages":
         return str(paths.root / "conversations.jsonl")
-    return spec["dataset_path"]
+    return str(dataset_file(spec, paths))
 
 
 def prepare_data_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[str]:

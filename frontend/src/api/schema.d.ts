@@ -647,6 +647,83 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** CaptureDropped */
+        CaptureDropped: {
+            /**
+             * Queue Full
+             * @description Sampled while the API process's capture queue was full (the request went on unrecorded)
+             */
+            queue_full: number;
+            /**
+             * Limit Reached
+             * @description Sampled while the dataset was at max_rows or max_bytes
+             */
+            limit_reached: number;
+        };
+        /**
+         * CaptureOptions
+         * @description Record a sample of the deployment's requests (messages and final reply) into a project
+         *     dataset, encrypted at rest. Every field has a default: ``"capture": {}`` captures 10 % of
+         *     requests, up to 100,000 rows or 1 GiB, each kept 30 days.
+         */
+        CaptureOptions: {
+            /**
+             * Sample Rate
+             * @description The share of requests recorded, decided per request
+             * @default 0.1
+             */
+            sample_rate: number;
+            /**
+             * Max Rows
+             * @description Rows kept at most; once full, sampled requests are counted as dropped
+             * @default 100000
+             */
+            max_rows: number;
+            /**
+             * Max Bytes
+             * @description Bytes of rows (their JSON, before encryption) at most
+             * @default 1073741824
+             */
+            max_bytes: number;
+            /**
+             * Retention Days
+             * @description Rows older than this are deleted
+             * @default 30
+             */
+            retention_days: number;
+        };
+        /**
+         * CaptureOut
+         * @description The capture's settings and what it holds. ``dataset_id`` is null once its dataset was
+         *     deleted (capture stops).
+         */
+        CaptureOut: {
+            /** Dataset Id */
+            dataset_id: string | null;
+            /** Sample Rate */
+            sample_rate: number;
+            /** Max Rows */
+            max_rows: number;
+            /** Max Bytes */
+            max_bytes: number;
+            /** Retention Days */
+            retention_days: number;
+            /** Rows */
+            rows: number;
+            /** Bytes */
+            bytes: number;
+            dropped: components["schemas"]["CaptureDropped"];
+            /**
+             * First At
+             * @description The oldest row kept
+             */
+            first_at: string | null;
+            /**
+             * Last At
+             * @description The newest row
+             */
+            last_at: string | null;
+        };
         /** CheckpointOut */
         CheckpointOut: {
             /**
@@ -743,7 +820,7 @@ export interface components {
              * Kind
              * @enum {string}
              */
-            kind: "upload" | "public";
+            kind: "upload" | "public" | "capture";
             /** Format */
             format: ("messages" | "conversations") | null;
             /** Sha256 */
@@ -759,6 +836,7 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
+            capture?: components["schemas"]["CaptureOut"] | null;
         };
         /**
          * DeploymentCreate
@@ -779,6 +857,8 @@ export interface components {
             resources?: components["schemas"]["DeploymentResources"];
             /** Runtime */
             runtime?: ("vllm" | "local") | null;
+            /** @description Opt-in traffic capture into a project dataset (see CaptureOptions) */
+            capture?: components["schemas"]["CaptureOptions"] | null;
         } & ({
             checkpoint_id: string;
             drafter?: null;
@@ -875,6 +955,7 @@ export interface components {
             started_at: string | null;
             /** Finished At */
             finished_at: string | null;
+            capture?: components["schemas"]["CaptureOut"] | null;
         };
         /** DeploymentResources */
         DeploymentResources: {
