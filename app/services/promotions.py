@@ -165,7 +165,7 @@ def switch_route(session: Session, deployment: Deployment, promotion: Promotion,
     if gpus is not None:
         old = (deployment.allocation or {}).get("verifier", [])
         release_gpus(session, deployment, old)
-        deployment.allocation = {"verifier": gpus}
+        deployment.allocation = {**(deployment.allocation or {}), "verifier": gpus}
     promotion.previous = previous
     move_promotion(session, promotion, deployment, PromotionStatus.DRAINING,
                    f"route switched to the new engine ({upstream_url}, drafter "

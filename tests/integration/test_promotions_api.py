@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sqlalchemy import select
+
 from tests.conftest import Api, Stack, write_verifier
 from tests.integration.test_deployments_api import write_drafter
 from tests.integration.test_jobs_api import assert_error
@@ -148,3 +150,31 @@ def test_promote_rollback_and_retrain_refusals(api: Api, stack: Stack, job_body,
     assert_error(api.post(path + "/retrain", json={"dataset": "chat.jsonl", "deploy": True}), 422,
                  "deployment_not_found", "deploy.deployment")
     assert job_id != job["id"]
+
+
+def test_vllm_promotions_reserve_free_gpus_of_the_deployments_worker(api: Api, stack: Stack) -> None:
+    """On vLLM the new engine runs on GPUs of its own beside the old one: reserved through the
+    allocations' unique key (never a GPU someone holds), handed back afterwards."""
+    from app.db import session_scope
+    from app.db.models import Allocation, Deployment
+    from app.services import promotions
+    from app.services.workers import register
+
+    with session_scope() as session:
+        register(session, worker_id="gpu-box", host="h", queue="q",
+                 gpus=[{"index": i} for i in range(3)], capacity=1, serving_slots=1)
+    created = api.post("/api/deployments", json={"name": "fast", "runtime": "vllm",
+                                                 "drafter": write_drafter(stack.models_root),
+                                                 "verifier": write_verifier(stack.models_root)})
+    assert created.status_code == 201, created.text
+    dep_id = created.json()["id"]
+    assert api.get(f"/api/deployments/{dep_id}").json()["allocation"]["verifier"] == [0]
+    with session_scope() as session:
+        deployment = session.get(Deployment, dep_id)
+        assert promotions.reserve_gpus(session, deployment, 2) == [1, 2]
+        assert promotions.reserve_gpus(session, deployment, 1) is None  # none left
+        promotions.release_gpus(session, deployment, [1])
+        assert promotions.reserve_gpus(session, deployment, 1) == [1]
+        held = sorted(session.scalars(select(Allocation.idx).where(
+            Allocation.deployment_id == dep_id)))
+        assert held == [0, 1, 2]
