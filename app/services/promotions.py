@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Allocation, Deployment, Promotion, Worker
 from app.errors import APIError
 from app.services.checkpoints import checkpoint_drafter
+from app.services.paging import newest_first
 from app.services.scheduling import free_units
 from app.services.state import (
     PROMOTION_ACTIVE,
@@ -111,11 +112,8 @@ def request_rollback(session: Session, deployment: Deployment) -> Promotion:
 
 def list_promotions(session: Session, deployment: Deployment, *, limit: int,
                     after: str | None) -> tuple[list[Promotion], bool]:
-    query = select(Promotion).where(Promotion.deployment_id == deployment.id)
-    if after is not None:
-        query = query.where(Promotion.id < after)
-    rows = list(session.scalars(query.order_by(Promotion.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+    return newest_first(session, select(Promotion).where(Promotion.deployment_id == deployment.id),
+                        Promotion.id, limit=limit, after=after)
 
 
 # The worker's side ------------------------------------------------------------------------------
