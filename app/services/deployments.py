@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -128,7 +129,7 @@ def retrain_request(session: Session, project_id: str, deployment_id: str,
         base = {"verifier": source["verifier"], "speculator": {"block_size": spec["block_size"]}}
     overrides = body.speculator.model_dump(exclude_none=True)
     data = body.data.model_dump(exclude_unset=True) if body.data is not None else {}
-    return JobCreate.model_validate({
+    fields = {
         **base,
         "dataset": body.dataset,
         "runtime": spec["runtime"],
@@ -138,7 +139,14 @@ def retrain_request(session: Session, project_id: str, deployment_id: str,
         "gate": body.gate.model_dump() if body.gate is not None else base.get("gate"),
         "deploy": {"deployment": deployment.name} if body.deploy else None,
         "metadata": {"retrain_of": deployment.id},
-    })
+    }
+    try:
+        return JobCreate.model_validate(fields)
+    except ValidationError as exc:  # the source job's settings and the overrides disagree
+        error = exc.errors()[0]
+        raise APIError(422, f"the retrain job would be invalid: {error['msg']}",
+                       code="invalid_value",
+                       param=".".join(str(part) for part in error["loc"])) from exc
 
 
 def deployment_out(deployment: Deployment) -> DeploymentOut:
