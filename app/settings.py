@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     health_check_seconds: float = 5.0
     deployment_max_restarts: int = 5
     worker_advertise_host: str = "127.0.0.1"
+    # Promotions (a drafter switched without downtime): once the route points at the new
+    # engine, the old one keeps running at least gateway_route_cache_seconds plus this grace
+    # (gateways may still route to it from their cache), then until its in-flight requests
+    # end (vllm:num_requests_running and _waiting on its /metrics), at most the drain timeout.
+    promotion_drain_grace_seconds: float = Field(default=2.0, ge=0)
+    promotion_drain_timeout_seconds: float = Field(default=600.0, ge=0)
 
     # The OpenAI-compatible gateway (/v1). Auth and routing are cached in memory for a few
     # seconds (a revoked key or a changed deployment is seen within that); the rate limit is a

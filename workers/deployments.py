@@ -7,18 +7,26 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from app.db import session_scope
+from app.services.promotions import end_unfinished
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus, StaleJob, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
-from workers.readiness import free_port, wait_ready
+from workers.promotion import (
+    engine_headers,
+    pending_promotion,
+    start_engine,
+    switch_drafter,
+    upstream_url,
+    wait_engine,
+)
 from workers.runner import Cancelled, JobContext, ShuttingDown, StageFailed
-from workers.runtimes import build_serve
 from workers.supervisor import ManagedProcess
 
 log = logging.getLogger(__name__)
@@ -29,13 +37,22 @@ class GaveUp(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Switch:
+    """What ``monitor`` returns when a promotion waits for this deployment."""
+
+    promotion_id: str
+
+
 def _move(lease: Lease, to: DeploymentStatus, **kwargs: Any) -> None:
     with session_scope() as session:
         transition(session, lease.load(session), to, token=lease.token, **kwargs)
 
 
-def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[str, str]) -> str:
-    """Health-check until the engine crashes (returns why) or the deployment must stop (raises)."""
+def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[str, str]
+            ) -> str | Switch:
+    """Health-check until the engine crashes (returns why), a promotion asks for another
+    drafter (returns it), or the deployment must stop (raises)."""
     failures = 0
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
@@ -49,31 +66,29 @@ def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[
             failures = 0 if healthy else failures + 1
             if failures >= UNHEALTHY_CHECKS:
                 return f"{UNHEALTHY_CHECKS} health checks failed in a row"
+            if healthy and (promotion_id := pending_promotion(ctx)) is not None:
+                return Switch(promotion_id)
             ctx.heartbeat.cancel_requested.wait(ctx.settings.health_check_seconds)
 
 
 def serve_once(ctx: JobContext, name: str, api_key: str) -> str:
-    """Start the engine, wait until it is ready, mark the deployment ready, watch it. Returns
-    why it went down."""
-    port = free_port()
-    host = ctx.settings.worker_advertise_host
-    placed = ctx.spec.get("allocation") or {}
-    command = build_serve(ctx.spec, name, port=port, host="127.0.0.1" if host == "127.0.0.1" else "0.0.0.0",
-                          gpus=placed.get("verifier"), api_key=api_key)
-    proc = ctx.start(command)
+    """Start the engine, wait until it is ready, mark the deployment ready, watch it, switch
+    its drafter when a promotion asks (workers/promotion.py). Returns why it went down."""
+    engine = start_engine(ctx, ctx.spec, name, api_key, (ctx.spec.get("allocation") or {}).get("verifier"))
     try:
-        base_url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}
         try:
-            wait_ready(ctx, proc, base_url, name, what="serving engine", log_path=ctx.paths.log,
-                       timeout=ctx.settings.verifier_ready_seconds, headers=headers)
+            wait_engine(ctx, engine, name, api_key)
         except StageFailed as exc:
             return str(exc)
-        _move(ctx.lease, DeploymentStatus.READY, message=f"ready on port {port}",
-              columns={"upstream_url": f"http://{host}:{port}"})
-        return monitor(ctx, proc, base_url, headers)
+        _move(ctx.lease, DeploymentStatus.READY, message=f"ready on port {engine.port}",
+              columns={"upstream_url": upstream_url(ctx, engine)})
+        while True:
+            outcome = monitor(ctx, engine.proc, engine.base_url, engine_headers(api_key))
+            if isinstance(outcome, str):
+                return outcome
+            engine = switch_drafter(ctx, engine, outcome.promotion_id, name, api_key)
     finally:
-        proc.stop(ctx.settings.cancel_grace_seconds)
-        ctx.finish(proc)
+        ctx.stop(engine.proc)
 
 
 def serve(ctx: JobContext, name: str, api_key: str, restarts: int) -> None:
@@ -128,6 +143,7 @@ def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings,
             if row.status == DeploymentStatus.STOPPING:  # a delete wins over any other ending
                 to, kwargs = DeploymentStatus.STOPPED, {"reason": "deleted by user",
                                                         "columns": {"upstream_url": None}}
+            end_unfinished(session, row, f"the deployment is {to.value}")
             transition(session, row, to, token=lease.token, **kwargs)
         with session_scope() as session:
             schedule(session, settings)

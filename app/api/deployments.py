@@ -11,8 +11,17 @@ from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.errors import error_responses
 from app.schemas.common import BIGINT_MAX, Page
-from app.schemas.deployments import DeploymentCreate, DeploymentEventOut, DeploymentOut
+from app.schemas.deployments import (
+    DeploymentCreate,
+    DeploymentEventOut,
+    DeploymentOut,
+    PromoteRequest,
+    PromotionOut,
+    RetrainRequest,
+)
+from app.schemas.jobs import JobOut
 from app.services import deployments as service
+from app.services import jobs, promotions
 from app.services.hub import fetch_configs
 
 router = APIRouter(prefix="/api/deployments", tags=["deployments"],
@@ -60,6 +69,56 @@ def list_events(deployment_id: str, key: CurrentKey, session: SessionDep,
     events, has_more = service.list_events(session, deployment, after=after, limit=limit)
     return Page(data=[DeploymentEventOut.model_validate(e, from_attributes=True) for e in events],
                 has_more=has_more, last_id=events[-1].id if events else None)
+
+
+@router.post("/{deployment_id}/promote", status_code=202, response_model=PromotionOut,
+             responses=error_responses(400, 404, 409, 413))
+def promote(deployment_id: str, body: PromoteRequest, key: CurrentKey,
+            session: SessionDep) -> PromotionOut:
+    """Switch the deployment to another checkpoint without downtime: the new engine starts
+    beside the old one, the route switches once it is ready, the old engine finishes its
+    in-flight requests and stops. A new engine that fails leaves the old one serving. Accepted:
+    follow the promotion (GET .../promotions) or the deployment's events."""
+    deployment = service.get_deployment(session, key.project_id, deployment_id)
+    return PromotionOut.model_validate(
+        promotions.request_promotion(session, deployment, body.checkpoint_id), from_attributes=True)
+
+
+@router.post("/{deployment_id}/rollback", status_code=202, response_model=PromotionOut,
+             responses=error_responses(404, 409))
+def rollback(deployment_id: str, key: CurrentKey, session: SessionDep) -> PromotionOut:
+    """Back to the drafter served before the current one, switched the same way as a promotion
+    (no downtime). 409 when the deployment has served only one drafter."""
+    deployment = service.get_deployment(session, key.project_id, deployment_id)
+    return PromotionOut.model_validate(promotions.request_rollback(session, deployment),
+                                       from_attributes=True)
+
+
+@router.get("/{deployment_id}/promotions", response_model=Page[PromotionOut],
+            responses=error_responses(404))
+def list_promotions(deployment_id: str, key: CurrentKey, session: SessionDep,
+                    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                    after: Annotated[str | None, Query(pattern=r"^prom_[0-9a-f]{24}$")] = None,
+                    ) -> Page[PromotionOut]:
+    """Its promotions and rollbacks, newest first: the history of its drafters."""
+    deployment = service.get_deployment(session, key.project_id, deployment_id)
+    rows, has_more = promotions.list_promotions(session, deployment, limit=limit, after=after)
+    return Page(data=[PromotionOut.model_validate(p, from_attributes=True) for p in rows],
+                has_more=has_more, last_id=rows[-1].id if rows else None)
+
+
+@router.post("/{deployment_id}/retrain", status_code=201, response_model=JobOut,
+             responses=error_responses(400, 404, 409, 413, 429))
+async def retrain(deployment_id: str, key: CurrentKey, session: SessionDep,
+                  settings: SettingsDep, body: RetrainRequest | None = None) -> JobOut:
+    """Create a job that retrains the deployment's drafter (``RetrainRequest``), checked and
+    created as ``POST /api/jobs`` creates one; the job is the answer."""
+    request = await run_in_threadpool(service.retrain_request, session, key.project_id,
+                                      deployment_id, body or RetrainRequest())
+    hub = await fetch_configs({"verifier": request.verifier}, settings)
+    job, _ = await run_in_threadpool(jobs.create_job, session, key.project_id, request,
+                                     settings=settings, hub=hub)
+    return (await run_in_threadpool(jobs.job_outs, session, [job]))[0]
 
 
 @router.delete("/{deployment_id}", response_model=DeploymentOut, responses={

@@ -222,6 +222,32 @@ class DeploymentEvent(Event, Base):
     deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
 
 
+class Promotion(Base):
+    """A switch of a deployment's drafter without downtime (a promotion to a checkpoint, or a
+    rollback to the drafter served before): the new engine starts beside the old one, the
+    route switches in one transaction, the old engine drains and stops. Its steps are a small
+    state machine of their own (``app.services.state.PROMOTION_TRANSITIONS``); the deployment
+    stays ``ready`` throughout. The succeeded rows are the deployment's history of drafters."""
+
+    __tablename__ = "promotions"
+    __table_args__ = (Index("ix_promotions_deployment_id_id", "deployment_id", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("prom"))
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # "promote" or "rollback"
+    # Only app.services.state.move_promotion() writes status.
+    status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    # The drafter switched to and the one it replaced: the deployment spec's drafter fields
+    # (source, drafter, block_size, num_speculative_tokens); ``previous`` set at the switch.
+    target: Mapped[dict[str, Any]] = mapped_column(JSON)
+    previous: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    job_id: Mapped[str | None] = mapped_column(String(40))  # the job whose "deploy" asked for it
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class Usage(Base):
     """Tokens used through the gateway, per API key and deployment (one row per request)."""
 

@@ -101,6 +101,15 @@ class GateSpec(Strict):
     beat_ngram: bool = False
 
 
+class DeploySpec(Strict):
+    """Promote the job's evaluated checkpoint to a deployment of the project once the
+    acceptance gate passes (a job whose gate fails promotes nothing): the deployment switches
+    to it without downtime (POST /api/deployments/{id}/promote)."""
+
+    deployment: str = Field(min_length=1, max_length=100, description="The deployment's name")
+
+
+CHECKPOINT_ID = r"^ckpt_[0-9a-f]{24}$"
 METADATA_KEY_MAX, METADATA_VALUE_MAX = 64, 512
 
 
@@ -135,6 +144,12 @@ class JobCreate(Strict):
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra={
         "propertyNames": {"minLength": 1, "maxLength": METADATA_KEY_MAX},
         "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX}})
+    init_from: str | None = Field(None, pattern=CHECKPOINT_ID, description=(
+        "Warm start: a DFlash checkpoint of this project trained for the same verifier; the "
+        "trainer starts from its weights (speculators' --from-pretrained). The job takes the "
+        "checkpoint's shape (block_size, num_layers, target_layer_ids, draft_vocab_size); "
+        "naming another value for one of them is a 422."))
+    deploy: DeploySpec | None = None
 
     @field_validator("evaluate", mode="before")
     @classmethod
@@ -205,6 +220,10 @@ class JobOut(BaseModel):
     evaluate: dict[str, Any] | Literal[False]
     data: dict[str, Any]
     gate: dict[str, Any] | None
+    init_from: str | None = Field(description="The checkpoint the trainer started from (warm "
+                                  "start), or null")
+    deploy: dict[str, Any] | None = Field(description="The deployment the evaluated checkpoint "
+                                          "is promoted to once the gate passes, or null")
     # The served evaluation of the job's chosen checkpoint, headline first: the served mean
     # acceptance length, the baselines beside it, then the trainer's estimate (eal), labelled.
     evaluation: dict[str, Any] | None

@@ -15,10 +15,12 @@ from app.db.models import Checkpoint, Job, JobEvent, JobMetric
 from app.errors import APIError, not_found
 from app.schemas.jobs import JobCreate, JobOut, JobProgress
 from app.services import quotas, state
+from app.services.checkpoints import checkpoint_drafter
+from app.services.promotions import serving_deployment
 from app.services.scheduling import schedule
 from app.services.datasets import resolve_for_job
 from app.services.state import JobStatus
-from app.services.verifier import check_layer_ids, default_layer_ids, resolve_verifier
+from app.services.verifier import VerifierInfo, check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
 from workers.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
 from workers.supervisor import tail
@@ -34,7 +36,11 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: S
     """Everything the worker needs, resolved once at creation and recorded in the job."""
     verifier = resolve_verifier(body.verifier, settings=settings, hub=hub)
     speculator = body.speculator.model_dump()
-    if body.speculator.target_layer_ids is None:
+    init_from = resolve_init_from(session, project_id, body, verifier)
+    if init_from is not None:
+        speculator.update(init_from["shape"])
+        check_layer_ids(speculator["target_layer_ids"], verifier.num_hidden_layers, param="init_from")
+    elif body.speculator.target_layer_ids is None:
         layer_ids = default_layer_ids(verifier.num_hidden_layers)
         if layer_ids is None:
             raise APIError(422, f"the verifier has only {verifier.num_hidden_layers} layers; "
@@ -54,6 +60,8 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: S
         data=resolve_data(body, dataset["dataset_kind"], runtime),
         gate=resolve_gate(body, runtime),
         runtime=runtime,
+        init_from_info=init_from and init_from["info"],
+        deploy=resolve_deploy(session, project_id, body, verifier.reference),
         verifier_info={
             "reference": verifier.reference,
             "source": verifier.source,
@@ -64,6 +72,67 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: S
         },
     )
     return spec
+
+
+# The draft's shape: a warm start (init_from) takes the checkpoint's.
+SHAPE = ("block_size", "num_layers", "target_layer_ids", "draft_vocab_size")
+
+
+def resolve_init_from(session: Session, project_id: str, body: JobCreate,
+                      verifier: VerifierInfo) -> dict[str, Any] | None:
+    """The warm start's checkpoint (``info``, recorded in the job) and the shape the job
+    inherits from it (``shape``). A checkpoint of another verifier, or a shape named in the
+    body that differs from the checkpoint's, is a 422: the trainer loads the checkpoint's
+    architecture as it is (speculators refuses --num-layers beside --from-pretrained)."""
+    if body.init_from is None:
+        return None
+    drafter = checkpoint_drafter(session, project_id, body.init_from, param="init_from")
+    if drafter.verifier != verifier.reference:
+        raise APIError(422, f"checkpoint {body.init_from} was trained for verifier "
+                       f"'{drafter.verifier}', not '{verifier.reference}'",
+                       code="init_from_incompatible", param="init_from")
+    config = drafter.config
+    layers = (config.get("transformer_layer_config") or {}).get("num_hidden_layers")
+    layer_ids = config.get("aux_hidden_state_layer_ids")
+    if not isinstance(layers, int) or not isinstance(layer_ids, list) or not layer_ids:
+        raise APIError(422, f"checkpoint {body.init_from}'s config.json lacks "
+                       "transformer_layer_config.num_hidden_layers or aux_hidden_state_layer_ids",
+                       code="invalid_drafter", param="init_from")
+    vocab = config.get("draft_vocab_size")
+    shape = {"block_size": drafter.block_size, "num_layers": layers,
+             "target_layer_ids": layer_ids,
+             # The verifier's whole vocabulary is what a job without draft_vocab_size trains.
+             "draft_vocab_size": None if vocab in (None, verifier.vocab_size) else vocab}
+    for name in SHAPE:
+        asked = getattr(body.speculator, name)
+        if name in body.speculator.model_fields_set and asked is not None and asked != shape[name]:
+            raise APIError(422, f"speculator.{name} is {asked}, but checkpoint {body.init_from} "
+                           f"(init_from) has {shape[name]}; a warm start keeps the checkpoint's "
+                           "shape: leave it out", code="init_from_incompatible",
+                           param=f"speculator.{name}")
+    info = {"checkpoint_id": drafter.checkpoint.id, "job_id": drafter.job.id,
+            "epoch": drafter.checkpoint.epoch, "path": drafter.checkpoint.path}
+    return {"shape": shape, "info": info}
+
+
+def resolve_deploy(session: Session, project_id: str, body: JobCreate,
+                   verifier: str) -> dict[str, Any] | None:
+    """The deployment a job promotes its evaluated checkpoint to: it must serve the same
+    verifier, and the job must evaluate (the gate decides on the evaluation)."""
+    if body.deploy is None:
+        return None
+    if body.evaluate is None:
+        raise APIError(422, "deploy promotes the evaluated checkpoint once the gate passes; "
+                       "enable \"evaluate\"", code="invalid_value", param="deploy")
+    deployment = serving_deployment(session, project_id, body.deploy.deployment)
+    if deployment is None:
+        raise APIError(422, f"no starting or ready deployment named '{body.deploy.deployment}'",
+                       code="deployment_not_found", param="deploy.deployment")
+    if deployment.spec["verifier"] != verifier:
+        raise APIError(422, f"deployment {deployment.name} serves verifier "
+                       f"'{deployment.spec['verifier']}', not '{verifier}'",
+                       code="incompatible_drafter", param="deploy.deployment")
+    return {"deployment": deployment.name, "deployment_id": deployment.id}
 
 
 def resolve_data(body: JobCreate, dataset_kind: str, runtime: str) -> dict[str, Any]:
@@ -245,7 +314,8 @@ def job_out(job: Job, progress: JobProgress | None) -> JobOut:
         speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
         runtime=spec["runtime"], publish=spec.get("publish"),
         evaluate=evaluation_settings(spec) or False, data=data_settings(spec),
-        gate=spec.get("gate"), evaluation=job.evaluation, metadata=spec.get("metadata", {}),
+        gate=spec.get("gate"), init_from=spec.get("init_from"), deploy=spec.get("deploy"),
+        evaluation=job.evaluation, metadata=spec.get("metadata", {}),
         attempt=job.attempt, worker=job.worker_id, allocation=job.allocation,
         created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,

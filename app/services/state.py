@@ -16,7 +16,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db.models import Allocation, Deployment, DeploymentEvent, Job, JobEvent, utcnow
+from app.db.models import Allocation, Deployment, DeploymentEvent, Job, JobEvent, Promotion, utcnow
 
 
 class JobStatus(StrEnum):
@@ -35,6 +35,7 @@ class Stage(StrEnum):
     TRAINING = "training"
     EVALUATING = "evaluating"
     PUBLISHING = "publishing"
+    DEPLOYING = "deploying"  # the "deploy" option: the evaluated checkpoint promoted
 
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
@@ -198,3 +199,47 @@ def initialize(session: Session, obj: Job | Deployment, message: str = "created"
     session.flush()
     session.add(machine.event(**{machine.owner: obj.id}, kind="status", attempt=0,
                               status=obj.status, stage=None, message=message))
+
+
+class PromotionStatus(StrEnum):
+    """The steps of a switch of drafter; the deployment itself stays ``ready`` throughout."""
+
+    PENDING = "pending"  # asked for; the deployment's worker picks it up on its next check
+    STARTING = "starting"  # the new engine starts beside the old one
+    DRAINING = "draining"  # the route points at the new engine; the old one finishes its requests
+    SUCCEEDED = "succeeded"  # the old engine is stopped
+    FAILED = "failed"  # the new engine never became ready (or the deployment ended): the old serves
+
+
+PROMOTION_TRANSITIONS: dict[PromotionStatus, frozenset[PromotionStatus]] = {
+    PromotionStatus.PENDING: frozenset({PromotionStatus.STARTING, PromotionStatus.FAILED}),
+    PromotionStatus.STARTING: frozenset({PromotionStatus.DRAINING, PromotionStatus.FAILED}),
+    # Once the route has switched there is no going back: the new drafter serves.
+    PromotionStatus.DRAINING: frozenset({PromotionStatus.SUCCEEDED}),
+    PromotionStatus.SUCCEEDED: frozenset(),
+    PromotionStatus.FAILED: frozenset(),
+}
+PROMOTION_ACTIVE = frozenset({PromotionStatus.PENDING, PromotionStatus.STARTING,
+                              PromotionStatus.DRAINING})
+
+
+def move_promotion(session: Session, promotion: Promotion, deployment: Deployment,
+                   to: PromotionStatus, message: str, *, reason: str | None = None,
+                   data: dict[str, Any] | None = None) -> None:
+    """Move a promotion to its next step, checking the table (compare-and-set on the step the
+    caller saw), and record the step as an event of the deployment (kind ``promotion``)."""
+    current = PromotionStatus(promotion.status)
+    if to not in PROMOTION_TRANSITIONS[current]:
+        raise IllegalTransition(f"{promotion.id}: {current} -> {to} is not allowed")
+    now = utcnow()
+    values: dict[str, Any] = {"status": to.value, "updated_at": now, "status_reason": reason}
+    if not PROMOTION_TRANSITIONS[to]:
+        values["finished_at"] = now
+    stmt = update(Promotion).where(Promotion.id == promotion.id, Promotion.status == current.value)
+    if session.execute(stmt.values(**values)).rowcount != 1:
+        raise StaleJob(f"{promotion.id} changed (expected status {current})")
+    for name, value in values.items():
+        set_committed_value(promotion, name, value)
+    record_event(session, deployment, "promotion", message,
+                 {"promotion": promotion.id, "kind": promotion.kind, "step": to.value, **(data or {})})
+    session.flush()

@@ -168,3 +168,21 @@ def test_a_resumed_regeneration_asks_only_for_the_conversations_left() -> None:
     resumed = regenerate_argv(job, PATHS, "http://127.0.0.1:9", done=12)
     assert flag(resumed, "--limit") == "38" and "--resume" in resumed
     assert flag(regenerate_argv(job, PATHS, "http://127.0.0.1:9", done=50), "--limit") == "0"
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "local"])
+def test_a_warm_start_loads_the_checkpoint_with_from_pretrained(runtime: str) -> None:
+    """init_from: speculators' --from-pretrained with the checkpoint's path, and no
+    --num-layers (speculators refuses decoder-shaping flags beside --from-pretrained); the
+    block size and layer ids stay, equal to the checkpoint's."""
+    warm = spec(runtime=runtime, init_from="ckpt_0123456789abcdef01234567",
+                init_from_info={"checkpoint_id": "ckpt_0123456789abcdef01234567", "epoch": 1,
+                                "job_id": "job_0123456789abcdef01234567", "path": "/w/old/checkpoints/1"})
+    argv = build_plan(warm, PATHS, port=8123).stage("training").argv
+    assert flag(argv, "--from-pretrained") == "/w/old/checkpoints/1"
+    assert "--num-layers" not in argv
+    assert flag(argv, "--block-size") == "16"
+    assert flag(argv, "--target-layer-ids", 3) == ["2", "18", "33"]
+
+    cold = build_plan(spec(runtime=runtime), PATHS, port=8123).stage("training").argv
+    assert "--from-pretrained" not in cold and flag(cold, "--num-layers") == "5"

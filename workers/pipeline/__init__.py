@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.services.state import Stage
 from workers.pipeline.data import prepare_data
+from workers.pipeline.deploy import deploy
 from workers.pipeline.evaluate import evaluate
 from workers.pipeline.gate import check_gate
 from workers.pipeline.publishing import publish
@@ -27,4 +28,5 @@ PIPELINE: list[PipelineStage] = [
     PipelineStage(Stage.TRAINING, train),
     PipelineStage(Stage.EVALUATING, evaluate_and_gate, when=lambda spec: evaluation_settings(spec) is not None),
     PipelineStage(Stage.PUBLISHING, publish, when=lambda spec: bool(spec.get("publish"))),
+    PipelineStage(Stage.DEPLOYING, deploy, when=lambda spec: bool(spec.get("deploy"))),
 ]

@@ -154,8 +154,12 @@ def generate_offline_argv(spec: dict[str, Any], paths: JobPaths, endpoint: str) 
 
 
 def trainer_args(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[str]:
-    """The speculators trainer's flags, shared by both runtimes."""
+    """The speculators trainer's flags, shared by both runtimes. A warm start (``init_from``)
+    loads the checkpoint with ``--from-pretrained``; its architecture comes with it, and
+    speculators refuses the decoder-shaping flags (``--num-layers``) beside it. The job took the
+    checkpoint's block size and layer ids, so the other flags agree with it."""
     sp = spec["speculator"]
+    warm = spec.get("init_from_info")
     mode = spec["mode"]
     # speculators 0.9.0: --on-generate is deprecated (generated files are always deleted after
     # loading). online generates everything on demand; offline trains only on the cache made by
@@ -168,7 +172,7 @@ def trainer_args(spec: dict[str, Any], paths: JobPaths, endpoint: str) -> list[s
         "--vllm-endpoint", f"{endpoint}/v1",
         "--on-missing", on_missing,
         "--save-path", str(paths.checkpoints),
-        "--num-layers", str(sp["num_layers"]),
+        *(["--from-pretrained", warm["path"]] if warm else ["--num-layers", str(sp["num_layers"])]),
         "--block-size", str(sp["block_size"]),
         "--max-anchors", str(sp["max_anchors"]),
         "--target-layer-ids", *[str(i) for i in sp["target_layer_ids"]],

@@ -370,6 +370,91 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/deployments/{deployment_id}/promote": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Promote
+         * @description Switch the deployment to another checkpoint without downtime: the new engine starts
+         *     beside the old one, the route switches once it is ready, the old engine finishes its
+         *     in-flight requests and stops. A new engine that fails leaves the old one serving. Accepted:
+         *     follow the promotion (GET .../promotions) or the deployment's events.
+         */
+        post: operations["promote_api_deployments__deployment_id__promote_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deployments/{deployment_id}/rollback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rollback
+         * @description Back to the drafter served before the current one, switched the same way as a promotion
+         *     (no downtime). 409 when the deployment has served only one drafter.
+         */
+        post: operations["rollback_api_deployments__deployment_id__rollback_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deployments/{deployment_id}/promotions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Promotions
+         * @description Its promotions and rollbacks, newest first: the history of its drafters.
+         */
+        get: operations["list_promotions_api_deployments__deployment_id__promotions_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/deployments/{deployment_id}/retrain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retrain
+         * @description Create a job that retrains the deployment's drafter (``RetrainRequest``), checked and
+         *     created as ``POST /api/jobs`` creates one; the job is the answer.
+         */
+        post: operations["retrain_api_deployments__deployment_id__retrain_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -839,6 +924,19 @@ export interface components {
             capture?: components["schemas"]["CaptureOut"] | null;
         };
         /**
+         * DeploySpec
+         * @description Promote the job's evaluated checkpoint to a deployment of the project once the
+         *     acceptance gate passes (a job whose gate fails promotes nothing): the deployment switches
+         *     to it without downtime (POST /api/deployments/{id}/promote).
+         */
+        DeploySpec: {
+            /**
+             * Deployment
+             * @description The deployment's name
+             */
+            deployment: string;
+        };
+        /**
          * DeploymentCreate
          * @description A drafter to serve: a checkpoint of a job, or a drafter (a Hub id or a path under the
          *     models root) plus its verifier.
@@ -1098,6 +1196,12 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /**
+             * Init From
+             * @description Warm start: a DFlash checkpoint of this project trained for the same verifier; the trainer starts from its weights (speculators' --from-pretrained). The job takes the checkpoint's shape (block_size, num_layers, target_layer_ids, draft_vocab_size); naming another value for one of them is a 422.
+             */
+            init_from?: string | null;
+            deploy?: components["schemas"]["DeploySpec"] | null;
         };
         /** JobOut */
         JobOut: {
@@ -1152,6 +1256,18 @@ export interface components {
             };
             /** Gate */
             gate: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Init From
+             * @description The checkpoint the trainer started from (warm start), or null
+             */
+            init_from: string | null;
+            /**
+             * Deploy
+             * @description The deployment the evaluated checkpoint is promoted to once the gate passes, or null
+             */
+            deploy: {
                 [key: string]: unknown;
             } | null;
             /** Evaluation */
@@ -1450,6 +1566,21 @@ export interface components {
             /** Last Id */
             last_id: string | number | null;
         };
+        /** Page[PromotionOut] */
+        Page_PromotionOut_: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["PromotionOut"][];
+            /** Has More */
+            has_more: boolean;
+            /** Last Id */
+            last_id: string | number | null;
+        };
         /** Page[SecretOut] */
         Page_SecretOut_: {
             /**
@@ -1543,6 +1674,78 @@ export interface components {
             /** Name */
             name: string;
         };
+        /**
+         * PromoteRequest
+         * @description The checkpoint to serve instead: a DFlash checkpoint of this project trained for the
+         *     deployment's verifier.
+         */
+        PromoteRequest: {
+            /** Checkpoint Id */
+            checkpoint_id: string;
+        };
+        /**
+         * PromotionOut
+         * @description A switch of a deployment's drafter without downtime. Steps: ``pending`` (the worker
+         *     picks it up), ``starting`` (the new engine starts beside the old one), ``draining`` (the
+         *     route points at the new engine; the old one finishes its requests), ``succeeded`` (the old
+         *     engine stopped), or ``failed`` (the new engine never became ready: the old one serves on).
+         *     The deployment stays ``ready`` throughout.
+         */
+        PromotionOut: {
+            /**
+             * Object
+             * @default specdeck.promotion
+             * @constant
+             */
+            object: "specdeck.promotion";
+            /** Id */
+            id: string;
+            /** Deployment Id */
+            deployment_id: string;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "promote" | "rollback";
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "pending" | "starting" | "draining" | "succeeded" | "failed";
+            /** Status Reason */
+            status_reason: string | null;
+            /**
+             * Target
+             * @description The drafter switched to: source, drafter, block_size, num_speculative_tokens
+             */
+            target: {
+                [key: string]: unknown;
+            };
+            /**
+             * Previous
+             * @description The drafter it replaced (set at the switch): what a rollback goes back to
+             */
+            previous: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Job Id
+             * @description The job whose "deploy" option asked for it
+             */
+            job_id: string | null;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Updated At
+             * Format: date-time
+             */
+            updated_at: string;
+            /** Finished At */
+            finished_at: string | null;
+        };
         /** PublishRequest */
         PublishRequest: {
             /** Repo Id */
@@ -1561,6 +1764,49 @@ export interface components {
              * @default 1
              */
             trainer_gpus: number;
+        };
+        /**
+         * RetrainRequest
+         * @description A job that retrains the deployment's drafter: the deployment's verifier, its drafter's
+         *     settings, warm-started from the checkpoint it serves (``init_from``), on ``dataset`` with
+         *     the replies regenerated by the verifier (``data.regenerate`` defaults to true: sampled
+         *     replies are not the verifier's greedy ones); the evaluation and the gate apply. With
+         *     ``deploy``, the deployment is switched to the result once the gate passes.
+         */
+        RetrainRequest: {
+            /**
+             * Dataset
+             * @description The data to retrain on: a dataset id (POST /api/datasets) or a file under the data root. Default: the traffic the deployment captured (its "capture" option)
+             */
+            dataset?: string | null;
+            speculator?: components["schemas"]["RetrainSpeculator"];
+            data?: components["schemas"]["DataSpec"] | null;
+            evaluate?: components["schemas"]["EvaluateSpec"] | null;
+            gate?: components["schemas"]["GateSpec"] | null;
+            /**
+             * Deploy
+             * @default false
+             */
+            deploy: boolean;
+        };
+        /**
+         * RetrainSpeculator
+         * @description Training settings to change from the deployment's drafter's job; its shape (block size,
+         *     layers, layer ids, draft vocabulary) is the drafter's.
+         */
+        RetrainSpeculator: {
+            /** Epochs */
+            epochs?: number | null;
+            /** Lr */
+            lr?: number | null;
+            /** Max Anchors */
+            max_anchors?: number | null;
+            /** Total Seq Len */
+            total_seq_len?: number | null;
+            /** Scheduler */
+            scheduler?: ("cosine" | "linear" | "none") | null;
+            /** Seed */
+            seed?: number | null;
         };
         /**
          * RunningOut
@@ -3508,6 +3754,331 @@ export interface operations {
             /** @description Invalid request: the field is named in error.param */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    promote_api_deployments__deployment_id__promote_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PromoteRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PromotionOut"];
+                };
+            };
+            /** @description The body could not be parsed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The resource's current state does not allow this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The request body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    rollback_api_deployments__deployment_id__rollback_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PromotionOut"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The resource's current state does not allow this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_promotions_api_deployments__deployment_id__promotions_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                after?: string;
+            };
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Page_PromotionOut_"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    retrain_api_deployments__deployment_id__retrain_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["RetrainRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobOut"];
+                };
+            };
+            /** @description The body could not be parsed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The resource's current state does not allow this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The request body is over the size limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Over a rate limit or quota; retry after Retry-After seconds */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
                     [name: string]: unknown;
                 };
                 content: {

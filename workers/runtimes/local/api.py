@@ -10,7 +10,9 @@
   ``return_token_ids``, ``choices[0].prompt_token_ids`` and ``choices[0].token_ids``.
 - ``GET /v1/models``, ``/health``, and ``/metrics`` with vLLM's counters
   (``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``,
-  ``_num_accepted_tokens_per_pos{position}``, prompt/generation tokens, request successes).
+  ``_num_accepted_tokens_per_pos{position}``, prompt/generation tokens, request successes, and
+  the gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``: what a promotion
+  waits for before it stops an old engine).
 
 Greedy only (temperature 0 or absent), n = 1. Requests are served one at a time.
 """
@@ -18,12 +20,13 @@ Greedy only (temperature 0 or absent), n = 1. Requests are served one at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     disable_created_metrics,
     generate_latest,
 )
@@ -124,6 +128,31 @@ class SpecDecodeMetrics:
             reason: request_success.labels(**labels, finished_reason=reason)
             for reason in ("stop", "length")
         }
+        # vLLM's scheduler gauges: the request being generated, and those waiting their turn.
+        self.requests_running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.",
+            names, registry=self.registry,
+        ).labels(**labels)
+        self.requests_waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+            names, registry=self.registry,
+        ).labels(**labels)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        self.requests_waiting.inc()
+        try:
+            yield
+        finally:
+            self.requests_waiting.dec()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self.requests_running.inc()
+        try:
+            yield
+        finally:
+            self.requests_running.dec()
 
     def observe(self, step: DecodeStep) -> None:
         self.generation_tokens.inc(len(step.token_ids))
@@ -238,6 +267,17 @@ def build_app(
     metrics = SpecDecodeMetrics(served_model_name, engine.num_speculative_tokens)
     app.state.metrics = metrics
     busy = asyncio.Lock()  # one request at a time: it is a CPU engine
+
+    @contextlib.asynccontextmanager
+    async def turn() -> AsyncIterator[None]:
+        """The engine to this request alone, counted as waiting, then running."""
+        with metrics.waiting():
+            await busy.acquire()
+        try:
+            with metrics.running():
+                yield
+        finally:
+            busy.release()
     compute = compute or ComputeThread()  # every prefill and step, on one thread
 
     app.add_middleware(_AuthAndLog, api_key=api_key)
@@ -361,7 +401,7 @@ def build_app(
 
     async def run_to_end(job: _Job, request: Request) -> Generation | None:
         """The whole generation (None when the client left first)."""
-        async with busy:
+        async with turn():
             started = time.perf_counter()
             metrics.prompt_tokens.inc(len(job.prompt_ids))
             generation = await compute.run(start, job)
@@ -464,7 +504,7 @@ def build_app(
                 payload["usage"] = None
             return f"data: {_json(payload)}\n\n"
 
-        async with busy:
+        async with turn():
             started = time.perf_counter()
             metrics.prompt_tokens.inc(len(job.prompt_ids))
             generation = await compute.run(start, job)

@@ -1,0 +1,185 @@
+"""Promotions: switch a deployment's drafter without downtime, and roll it back.
+
+The API (or a job's ``deploy`` option) records a pending promotion; the worker serving the
+deployment picks it up (``workers/promotion.py``): it starts the new engine beside the old one,
+switches the route here in one transaction (``switch_route``), lets the old engine drain and
+stops it. A new engine that fails to become ready leaves the old one serving. The succeeded
+promotions are the deployment's history of drafters: a rollback goes back to the ``previous``
+of the latest one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.db.models import Allocation, Deployment, Promotion, Worker
+from app.errors import APIError
+from app.services.checkpoints import checkpoint_drafter
+from app.services.paging import newest_first
+from app.services.scheduling import free_units
+from app.services.state import (
+    PROMOTION_ACTIVE,
+    DeploymentStatus,
+    PromotionStatus,
+    move_promotion,
+    record_event,
+)
+
+# The deployment spec's fields that name its drafter: what a promotion changes.
+DRAFTER_FIELDS = ("source", "drafter", "block_size", "num_speculative_tokens")
+# A promotion is picked up by the worker that serves the deployment.
+SERVING = (DeploymentStatus.STARTING.value, DeploymentStatus.READY.value)
+
+
+def drafter_of(spec: dict[str, Any]) -> dict[str, Any]:
+    return {name: spec[name] for name in DRAFTER_FIELDS}
+
+
+def serving_deployment(session: Session, project_id: str, name: str) -> Deployment | None:
+    """The project's starting or ready deployment of that name (names are unique among the
+    active ones)."""
+    return session.scalars(select(Deployment).where(
+        Deployment.project_id == project_id, Deployment.name == name,
+        Deployment.status.in_(SERVING))).first()
+
+
+def checkpoint_target(session: Session, deployment: Deployment, checkpoint_id: str, *,
+                      param: str) -> dict[str, Any]:
+    """The drafter fields of a deployment serving checkpoint ``checkpoint_id`` of its project;
+    422 when it is not a DFlash drafter for the deployment's verifier."""
+    drafter = checkpoint_drafter(session, deployment.project_id, checkpoint_id, param=param)
+    if drafter.verifier != deployment.spec["verifier"]:
+        raise APIError(422, f"checkpoint {checkpoint_id} was trained for verifier "
+                       f"'{drafter.verifier}', and deployment {deployment.name} serves "
+                       f"'{deployment.spec['verifier']}'", code="incompatible_drafter", param=param)
+    return {"source": drafter.source(), "drafter": drafter.checkpoint.path,
+            "block_size": drafter.block_size, "num_speculative_tokens": drafter.block_size - 1}
+
+
+def _active(session: Session, deployment: Deployment) -> Promotion | None:
+    return session.scalars(select(Promotion).where(
+        Promotion.deployment_id == deployment.id,
+        Promotion.status.in_([s.value for s in PROMOTION_ACTIVE]))).first()
+
+
+def _request(session: Session, deployment: Deployment, kind: str, target: dict[str, Any],
+             job_id: str | None = None) -> Promotion:
+    if deployment.status not in SERVING:
+        raise APIError(409, f"deployment {deployment.id} is {deployment.status}; only a starting "
+                       "or ready deployment switches drafters", code="deployment_not_serving")
+    # Serialized per deployment: two concurrent requests cannot both pass the check below.
+    session.execute(select(Deployment.id).where(Deployment.id == deployment.id).with_for_update())
+    active = _active(session, deployment)
+    if active is not None:
+        raise APIError(409, f"promotion {active.id} of deployment {deployment.id} is "
+                       f"{active.status}; wait until it ends", code="promotion_in_progress")
+    promotion = Promotion(deployment_id=deployment.id, kind=kind, target=target, job_id=job_id,
+                          status=PromotionStatus.PENDING.value)
+    session.add(promotion)
+    session.flush()
+    what = "roll back to" if kind == "rollback" else "promote"
+    record_event(session, deployment, "promotion",
+                 f"{kind} {promotion.id} requested: {what} drafter {target['drafter']}"
+                 + (f" (from job {job_id})" if job_id else ""),
+                 {"promotion": promotion.id, "kind": kind, "step": "pending", "target": target})
+    return promotion
+
+
+def request_promotion(session: Session, deployment: Deployment, checkpoint_id: str, *,
+                      param: str = "checkpoint_id", job_id: str | None = None) -> Promotion:
+    target = checkpoint_target(session, deployment, checkpoint_id, param=param)
+    if target["drafter"] == deployment.spec["drafter"]:
+        raise APIError(409, f"deployment {deployment.name} already serves checkpoint "
+                       f"{checkpoint_id}", code="already_serving", param=param)
+    return _request(session, deployment, "promote", target, job_id)
+
+
+def request_rollback(session: Session, deployment: Deployment) -> Promotion:
+    """Back to the drafter served before the current one (the latest succeeded switch's
+    ``previous``); rolling back twice comes back to where it started."""
+    last = session.scalars(select(Promotion).where(
+        Promotion.deployment_id == deployment.id,
+        Promotion.status == PromotionStatus.SUCCEEDED.value).order_by(Promotion.id.desc())).first()
+    if last is None or last.previous is None:
+        raise APIError(409, f"deployment {deployment.id} has served only one drafter; there is "
+                       "nothing to roll back to", code="nothing_to_roll_back")
+    return _request(session, deployment, "rollback", last.previous)
+
+
+def list_promotions(session: Session, deployment: Deployment, *, limit: int,
+                    after: str | None) -> tuple[list[Promotion], bool]:
+    return newest_first(session, select(Promotion).where(Promotion.deployment_id == deployment.id),
+                        Promotion.id, limit=limit, after=after)
+
+
+# The worker's side ------------------------------------------------------------------------------
+
+def next_pending(session: Session, deployment_id: str) -> Promotion | None:
+    return session.scalars(select(Promotion).where(
+        Promotion.deployment_id == deployment_id,
+        Promotion.status == PromotionStatus.PENDING.value).order_by(Promotion.id)).first()
+
+
+def reserve_gpus(session: Session, deployment: Deployment, count: int) -> list[int] | None:
+    """``count`` more free GPUs of the deployment's worker for the new engine (vLLM takes most
+    of a GPU's memory, so two engines do not share one); None when the worker has too few free.
+    The allocations' unique key keeps them from anyone else; the deployment's ending hands
+    them back like its own."""
+    worker = session.get(Worker, deployment.worker_id) if deployment.worker_id else None
+    free = free_units(session, worker, "gpu") if worker is not None else []
+    if len(free) < count:
+        return None
+    taken = free[:count]
+    try:
+        with session.begin_nested():
+            session.add_all(Allocation(worker_id=worker.id, resource="gpu", idx=i,
+                                       deployment_id=deployment.id) for i in taken)
+            session.flush()
+    except IntegrityError:
+        return None  # the scheduler placed something there meanwhile
+    return taken
+
+
+def release_gpus(session: Session, deployment: Deployment, gpus: list[int]) -> None:
+    session.execute(delete(Allocation).where(Allocation.deployment_id == deployment.id,
+                                             Allocation.resource == "gpu",
+                                             Allocation.idx.in_(gpus)))
+
+
+def switch_route(session: Session, deployment: Deployment, promotion: Promotion,
+                 upstream_url: str, gpus: list[int] | None) -> dict[str, Any]:
+    """The switch, in the caller's one transaction: the deployment's drafter and upstream
+    become the new engine's, the promotion moves to draining (remembering the drafter it
+    replaced, for rollback). With ``gpus`` (vLLM: the new engine ran on GPUs of its own), the
+    deployment's allocation becomes those and the old engine's GPUs are handed back.
+    Returns the new spec."""
+    previous = drafter_of(deployment.spec)
+    spec = {**deployment.spec, **promotion.target}
+    deployment.spec, deployment.upstream_url = spec, upstream_url
+    if gpus is not None:
+        old = (deployment.allocation or {}).get("verifier", [])
+        release_gpus(session, deployment, old)
+        deployment.allocation = {**(deployment.allocation or {}), "verifier": gpus}
+    promotion.previous = previous
+    move_promotion(session, promotion, deployment, PromotionStatus.DRAINING,
+                   f"route switched to the new engine ({upstream_url}, drafter "
+                   f"{spec['drafter']}); the old engine drains", data={"upstream_url": upstream_url})
+    return spec
+
+
+def end_unfinished(session: Session, deployment: Deployment, reason: str) -> None:
+    """A deployment whose worker lets it go (stopped, failed, handed back) ends its unfinished
+    promotions: one not switched yet failed, one draining done (its old engine is gone)."""
+    for promotion in list(session.scalars(select(Promotion).where(
+            Promotion.deployment_id == deployment.id,
+            Promotion.status.in_([s.value for s in PROMOTION_ACTIVE])))):
+        if promotion.status == PromotionStatus.DRAINING:
+            move_promotion(session, promotion, deployment, PromotionStatus.SUCCEEDED,
+                           f"{promotion.kind} {promotion.id} done: the old engine stopped ({reason})")
+        else:
+            move_promotion(session, promotion, deployment, PromotionStatus.FAILED,
+                           f"{promotion.kind} {promotion.id} failed: {reason}", reason=reason)
