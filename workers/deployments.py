@@ -16,6 +16,7 @@ from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus, StaleJob, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
+from workers.live_metrics import LiveMetrics
 from workers.readiness import free_port, wait_ready
 from workers.runner import Cancelled, JobContext, ShuttingDown, StageFailed
 from workers.runtimes import build_serve
@@ -35,8 +36,10 @@ def _move(lease: Lease, to: DeploymentStatus, **kwargs: Any) -> None:
 
 
 def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[str, str]) -> str:
-    """Health-check until the engine crashes (returns why) or the deployment must stop (raises)."""
+    """Health-check until the engine crashes (returns why) or the deployment must stop (raises);
+    a healthy round also scrapes the live acceptance when it is due (workers/live_metrics.py)."""
     failures = 0
+    live = LiveMetrics(ctx.lease.job_id, ctx.spec, base_url, ctx.settings)
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
             ctx.check()
@@ -47,6 +50,8 @@ def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[
             except httpx.TransportError:
                 healthy = False
             failures = 0 if healthy else failures + 1
+            if healthy:
+                live.tick(client)
             if failures >= UNHEALTHY_CHECKS:
                 return f"{UNHEALTHY_CHECKS} health checks failed in a row"
             ctx.heartbeat.cancel_requested.wait(ctx.settings.health_check_seconds)
