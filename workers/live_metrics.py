@@ -2,8 +2,8 @@
 ``/metrics`` (vLLM's counters; the local engine exports the same names), stores each
 interval's deltas as one point of the deployment's series, and raises the drift alert.
 
-- ``parse_counters``: the counters of one scrape, summed over their other labels (vLLM adds
-  ``model_name`` and ``engine``), per draft position for the per-position counter.
+- The counters of one scrape are read by the evaluation's parser
+  (``workers.pipeline.evaluate.parse_counters``: summed over label sets, per draft position).
 - ``interval_between``: what happened between two scrapes. A counter that went down means a new
   engine (a restart): its values since it started are the interval's.
 - ``LiveMetrics``: one engine's scraper, ticked on every health-check round of
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -32,65 +30,26 @@ from app.services.live_metrics import Interval, evaluated_acceptance_length, win
 from app.services.state import record_event
 from app.services.webhooks import enqueue
 from app.settings import Settings
+from workers.pipeline.evaluate import SpecDecodeCounters, parse_counters
 
 log = logging.getLogger(__name__)
-
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-REQUESTS = "vllm:request_success_total"
-_TOTALS = {DRAFTS: "drafts", DRAFT_TOKENS: "draft_tokens", ACCEPTED: "accepted",
-           GENERATION_TOKENS: "generation_tokens", REQUESTS: "requests"}
 
 DROPPED = "acceptance_dropped"
 RECOVERED = "acceptance_recovered"
 WEBHOOK_EVENT = "deployment.acceptance_dropped"
 
 
-@dataclass(frozen=True)
-class Counters:
-    """One scrape's cumulative counters (zero for those the engine does not export)."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    generation_tokens: int = 0
-    requests: int = 0
-    per_position: tuple[int, ...] = ()
-
-
-def parse_counters(text: str) -> Counters:
-    """The counters in a Prometheus text exposition (raises ValueError on malformed text)."""
-    totals = dict.fromkeys(_TOTALS.values(), 0.0)
-    positions: dict[int, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in _TOTALS:
-                totals[_TOTALS[sample.name]] += sample.value
-            elif sample.name == ACCEPTED_PER_POS and "position" in sample.labels:
-                position = int(sample.labels["position"])
-                positions[position] = positions.get(position, 0.0) + sample.value
-    per_position = tuple(round(positions.get(i, 0.0)) for i in range(max(positions, default=-1) + 1))
-    return Counters(**{k: round(v) for k, v in totals.items()}, per_position=per_position)
-
-
-def interval_between(before: Counters, after: Counters, seconds: float) -> Interval:
+def interval_between(before: SpecDecodeCounters, after: SpecDecodeCounters,
+                     seconds: float) -> Interval:
     """``after - before``; all of ``after`` when a counter went down (a new engine)."""
-    pairs = [(before.drafts, after.drafts), (before.draft_tokens, after.draft_tokens),
-             (before.accepted, after.accepted),
-             (before.generation_tokens, after.generation_tokens),
-             (before.requests, after.requests), *zip(before.per_position, after.per_position)]
-    if len(after.per_position) < len(before.per_position) or any(b < a for a, b in pairs):
-        before = Counters()
-    previous = before.per_position + (0,) * (len(after.per_position) - len(before.per_position))
-    return Interval(seconds=seconds, drafts=after.drafts - before.drafts,
-                    draft_tokens=after.draft_tokens - before.draft_tokens,
-                    accepted=after.accepted - before.accepted,
-                    generation_tokens=after.generation_tokens - before.generation_tokens,
-                    requests=after.requests - before.requests,
-                    per_position=tuple(a - b for a, b in zip(after.per_position, previous)))
+    delta = after if after.went_down_from(before) else after - before
+    width = max(delta.accepted_per_position, default=-1) + 1
+    return Interval(seconds=seconds, drafts=round(delta.drafts),
+                    draft_tokens=round(delta.draft_tokens), accepted=round(delta.accepted_tokens),
+                    generation_tokens=round(delta.generation_tokens),
+                    requests=round(delta.requests),
+                    per_position=tuple(round(delta.accepted_per_position.get(i, 0.0))
+                                       for i in range(width)))
 
 
 def record_point(session: Session, deployment_id: str, interval: Interval, *, drafter: str,
@@ -163,7 +122,7 @@ class LiveMetrics:
         self.checkpoint_id = (spec.get("source") or {}).get("checkpoint_id")
         self.url = f"{base_url}/metrics"
         self.settings = settings
-        self.previous = Counters()
+        self.previous = SpecDecodeCounters()
         self.previous_at = time.monotonic()
         self.due = self.previous_at + settings.live_metrics_seconds
 

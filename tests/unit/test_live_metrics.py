@@ -6,32 +6,17 @@ from __future__ import annotations
 import pytest
 
 from app.services.live_metrics import Interval
-from workers.live_metrics import Counters, interval_between, parse_counters
+from workers.live_metrics import interval_between
+from workers.pipeline.evaluate import SpecDecodeCounters, parse_counters
 from workers.runtimes.local.api import RequestAcceptance, SpecDecodeMetrics
 from workers.runtimes.local.speculation import DecodeStep
 
+# vLLM's finished-request and generated-token counters (the spec-decode ones: test_evaluate.py).
 VLLM_TEXT = """\
-# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
-# TYPE vllm:spec_decode_num_drafts_total counter
-vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
-vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 30.0
-# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
-# TYPE vllm:spec_decode_num_draft_tokens_total counter
-vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 120.0
-vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 360.0
-# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
-# TYPE vllm:spec_decode_num_accepted_tokens_total counter
-vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0
-vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 75.0
-# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
-# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 24.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 4.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 16.0
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="m"} 500.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 250.0
 # HELP vllm:request_success_total Count of successfully processed requests.
 # TYPE vllm:request_success_total counter
 vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 3.0
@@ -40,15 +25,13 @@ vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 0.
 """
 
 
-def test_vllm_exposition_sums_label_sets_and_keeps_positions() -> None:
+def test_vllm_requests_and_tokens_are_summed_over_label_sets() -> None:
     counters = parse_counters(VLLM_TEXT)
-    assert counters == Counters(drafts=40, draft_tokens=480, accepted=100, generation_tokens=500,
-                                requests=5, per_position=(32, 20))
+    assert (counters.generation_tokens, counters.requests, counters.drafts) == (750, 5, 0)
 
 
 def engine_registry() -> SpecDecodeMetrics:
-    metrics = SpecDecodeMetrics("demo", num_speculative_tokens=3)
-    return metrics
+    return SpecDecodeMetrics("demo", num_speculative_tokens=3)
 
 
 def step(tokens: int, drafted: int, accepted: int) -> DecodeStep:
@@ -59,7 +42,7 @@ def step(tokens: int, drafted: int, accepted: int) -> DecodeStep:
 def test_local_engine_text_gives_the_intervals_acceptance() -> None:
     metrics = engine_registry()
     before = parse_counters(metrics.render().decode())
-    assert before == Counters(per_position=(0, 0, 0))
+    assert before == SpecDecodeCounters(accepted_per_position={0: 0, 1: 0, 2: 0})
     for s in (step(3, 3, 2), step(1, 3, 0), step(4, 3, 3), step(1, 0, 0)):  # the last: no draft
         metrics.observe(s)
     metrics.request_success["stop"].inc()
@@ -98,15 +81,10 @@ def test_requests_without_drafts_count_but_have_no_ratios() -> None:
     plain.observe(step(1, 0, 0))
     plain.observe(step(1, 0, 0))
     plain.request_success["stop"].inc()
-    interval = interval_between(Counters(), parse_counters(plain.render().decode()), 4.0)
+    interval = interval_between(SpecDecodeCounters(), parse_counters(plain.render().decode()), 4.0)
     assert (interval.requests, interval.generation_tokens, interval.drafts) == (1, 2, 0)
     assert interval.acceptance_length is None and interval.draft_acceptance_rate is None
     assert interval.tokens_per_second == pytest.approx(0.5)
-
-
-def test_malformed_text_is_a_value_error() -> None:
-    with pytest.raises(ValueError):
-        parse_counters("vllm:spec_decode_num_drafts_total{engine=\"0\" 1\n")
 
 
 def test_a_window_weighs_intervals_by_drafts() -> None:
