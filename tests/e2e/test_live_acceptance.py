@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Api, Stack
+from tests.conftest import Api, Stack, write_dataset
 from tests.integration.test_dispatch import wait_for
 from tests.support.drafters import write_untrained_drafter
 from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # noqa: F401 (fixtures)
@@ -154,11 +154,8 @@ def test_an_untrained_drafter_raises_the_acceptance_drop_alert_once(
     from app.db.models import Checkpoint
 
     shutil.copytree(demo_assets[0], pg_stack.models_root / "demo", dirs_exist_ok=True)
-    with (demo_assets[1]).open("rb") as f:
-        dataset = pg_api.post("/api/datasets", files={"file": ("demo.jsonl", f, "application/jsonl")},
-                              data={"name": "demo"}).json()["id"]
-    job = pg_api.post("/api/jobs", json={"verifier": "demo", "dataset": dataset,
-                                         "runtime": "local"}).json()
+    job = pg_api.post("/api/jobs", json={"verifier": "demo", "runtime": "local",
+                                         "dataset": write_dataset(pg_stack.data_root)}).json()
     assert pg_api.post(f"/api/jobs/{job['id']}/cancel").status_code == 200  # no worker yet
     # Its checkpoint: evaluated at a trained drafter's AL, but the weights are untrained.
     path = Path(pg_stack.env["SPECDECK_WORK_ROOT"]) / job["id"] / "checkpoints" / "0"
