@@ -15,6 +15,8 @@ def write_untrained_drafter(verifier: Path, out: Path, *, block_size: int = 4, s
     config = AutoConfig.from_pretrained(verifier)
     layers = config.num_hidden_layers
     config.num_hidden_layers = 1  # the draft's layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:1]
     torch.manual_seed(seed)
     model = DFlashDraftModel.from_training_args(
         config, verifier_name_or_path=str(verifier), target_layer_ids=[2, layers // 2, layers - 3],
