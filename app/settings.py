@@ -117,6 +117,15 @@ class Settings(BaseSettings):
     # end (vllm:num_requests_running and _waiting on its /metrics), at most the drain timeout.
     promotion_drain_grace_seconds: float = Field(default=2.0, ge=0)
     promotion_drain_timeout_seconds: float = Field(default=600.0, ge=0)
+    # Live acceptance: the worker scrapes each ready engine's /metrics every
+    # live_metrics_seconds (on a health-check round: at most as often as those) and stores the
+    # interval's deltas. Drift alert: the acceptance length over the last drift_window_seconds
+    # (once it rests on drift_min_drafts drafts at least) below drift_alert_fraction of the
+    # drafter's evaluated one records an acceptance_dropped event, once per episode.
+    live_metrics_seconds: float = Field(default=15.0, gt=0)
+    drift_window_seconds: float = Field(default=600.0, gt=0)
+    drift_alert_fraction: float = Field(default=0.8, gt=0, le=1)
+    drift_min_drafts: int = Field(default=1000, ge=1)
 
     # The OpenAI-compatible gateway (/v1). Auth and routing are cached in memory for a few
     # seconds (a revoked key or a changed deployment is seen within that); the rate limit is a

@@ -26,6 +26,7 @@ from workers.promotion import (
     upstream_url,
     wait_engine,
 )
+from workers.live_metrics import LiveMetrics
 from workers.runner import Cancelled, JobContext, ShuttingDown, StageFailed
 from workers.supervisor import ManagedProcess
 
@@ -52,8 +53,10 @@ def _move(lease: Lease, to: DeploymentStatus, **kwargs: Any) -> None:
 def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[str, str]
             ) -> str | Switch:
     """Health-check until the engine crashes (returns why), a promotion asks for another
-    drafter (returns it), or the deployment must stop (raises)."""
+    drafter (returns it), or the deployment must stop (raises); a healthy round also scrapes
+    the live acceptance when it is due (workers/live_metrics.py)."""
     failures = 0
+    live = LiveMetrics(ctx.lease.job_id, ctx.spec, base_url, ctx.settings)
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
             ctx.check()
@@ -64,6 +67,8 @@ def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[
             except httpx.TransportError:
                 healthy = False
             failures = 0 if healthy else failures + 1
+            if healthy:
+                live.tick(client)
             if failures >= UNHEALTHY_CHECKS:
                 return f"{UNHEALTHY_CHECKS} health checks failed in a row"
             if healthy and (promotion_id := pending_promotion(ctx)) is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import AwareDatetime
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
@@ -22,6 +23,8 @@ from app.schemas.deployments import (
 from app.schemas.jobs import JobOut
 from app.services import deployments as service
 from app.services import jobs, promotions
+from app.schemas.live_metrics import LiveMetricPoint, LiveMetricsPage
+from app.services import live_metrics as live
 from app.services.hub import fetch_configs
 
 router = APIRouter(prefix="/api/deployments", tags=["deployments"],
@@ -129,3 +132,29 @@ def delete_deployment(deployment_id: str, key: CurrentKey, session: SessionDep,
                       settings: SettingsDep) -> DeploymentOut:
     return service.deployment_out(
         service.delete_deployment(session, key.project_id, deployment_id, settings))
+
+
+@router.get("/{deployment_id}/metrics", response_model=LiveMetricsPage,
+            responses=error_responses(404))
+def list_metrics(deployment_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep,
+                 since: Annotated[AwareDatetime | None, Query(
+                     description="Points from this time on (ISO 8601 with a timezone)")] = None,
+                 limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                 after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX)] = None,
+                 window_seconds: Annotated[float | None, Query(
+                     gt=0, le=30 * 86400, description="The summary's window (default: "
+                     "SPECDECK_DRIFT_WINDOW_SECONDS)")] = None,
+                 ) -> LiveMetricsPage:
+    """Live acceptance: one point per scrape interval of the engine's /metrics (oldest first;
+    pass ``last_id`` back as ``after``), and ``window``, the acceptance of the drafter serving
+    now over the last ``window_seconds``, weighted by drafts."""
+    deployment = service.get_deployment(session, key.project_id, deployment_id)
+    points, has_more = live.list_points(session, deployment, since=since, after=after,
+                                        limit=limit)
+    window = live.window_summary(session, deployment.id,
+                                 window_seconds or settings.drift_window_seconds,
+                                 settings=settings)
+    return LiveMetricsPage(data=[LiveMetricPoint.model_validate(p, from_attributes=True)
+                                 for p in points],
+                           has_more=has_more, last_id=points[-1].id if points else None,
+                           window=window)

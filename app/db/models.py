@@ -248,6 +248,35 @@ class Promotion(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class DeploymentMetric(Base):
+    """One scrape interval of a deployment's engine (its /metrics counters' deltas): the live
+    acceptance series. Raw counts are kept so any window's acceptance is exact (weighted by
+    drafts); the ratios are null for an interval with no drafts."""
+
+    __tablename__ = "deployment_metrics"
+    __table_args__ = (Index("ix_deployment_metrics_deployment_id_id", "deployment_id", "id"),
+                      Index("ix_deployment_metrics_deployment_id_created_at", "deployment_id",
+                            "created_at"))
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    interval_seconds: Mapped[float] = mapped_column(Float)
+    # What served the interval: the drafter (path or Hub id) and its checkpoint, when a job's.
+    drafter: Mapped[str] = mapped_column(Text)
+    checkpoint_id: Mapped[str | None] = mapped_column(String(40))
+    num_drafts: Mapped[int] = mapped_column(BigInteger)
+    num_draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    num_accepted_tokens: Mapped[int] = mapped_column(BigInteger)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    generation_tokens: Mapped[int] = mapped_column(BigInteger)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    acceptance_length: Mapped[float | None] = mapped_column(Float)
+    draft_acceptance_rate: Mapped[float | None] = mapped_column(Float)
+    per_position_acceptance: Mapped[list[float] | None] = mapped_column(JSON)
+    tokens_per_second: Mapped[float] = mapped_column(Float)
+
+
 class Usage(Base):
     """Tokens used through the gateway, per API key and deployment (one row per request)."""
 

@@ -129,15 +129,16 @@ def _add(session: Session, webhook_id: str, event_type: str, body: str,
 
 
 def enqueue(session: Session, project_id: str, event_type: str,
-            resource: Job | Deployment | Checkpoint) -> int:
+            resource: Job | Deployment | Checkpoint, extra: dict[str, Any] | None = None) -> int:
     """Write ``event_type`` for ``resource`` to the outbox of each of the project's endpoints
-    that subscribe to it, in the caller's transaction. Returns how many were written."""
+    that subscribe to it, in the caller's transaction. ``extra``: fields added beside the
+    resource's (the numbers of an acceptance drop). Returns how many were written."""
     subscribed = [w.id for w in session.scalars(select(Webhook).where(
         Webhook.project_id == project_id).order_by(Webhook.id)) if event_type in w.events]
     if not subscribed:
         return 0
     at = utcnow()
-    body = _body(event_type, _resource(session, resource), at)
+    body = _body(event_type, {**_resource(session, resource), **(extra or {})}, at)
     for webhook_id in subscribed:
         _add(session, webhook_id, event_type, body, at)
     session.flush()

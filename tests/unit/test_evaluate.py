@@ -54,7 +54,8 @@ vllm:generation_tokens_total{model_name="m"} 1000.0
 def test_vllm_counters_are_summed_over_engines() -> None:
     counters = parse_counters(VLLM_METRICS)
     assert counters == SpecDecodeCounters(drafts=40, draft_tokens=120, accepted_tokens=60,
-                                          accepted_per_position={0: 35, 1: 20, 2: 5})
+                                          accepted_per_position={0: 35, 1: 20, 2: 5},
+                                          generation_tokens=1000)
 
 
 def test_acceptance_length_is_one_plus_accepted_per_draft_from_the_difference() -> None:

@@ -64,6 +64,8 @@ COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:request_success": "requests",  # finished requests, summed over finished_reason
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -76,12 +78,15 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 
 @dataclass(frozen=True)
 class SpecDecodeCounters:
-    """vLLM's speculative-decoding counters, summed over their label sets (engines, models)."""
+    """vLLM's speculative-decoding counters, and its generated tokens and finished requests,
+    summed over their label sets (engines, models, finish reasons)."""
 
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted_tokens: float = 0.0
     accepted_per_position: dict[int, float] = field(default_factory=dict)
+    generation_tokens: float = 0.0
+    requests: float = 0.0
 
     def __sub__(self, before: "SpecDecodeCounters") -> "SpecDecodeCounters":
         positions = set(self.accepted_per_position) | set(before.accepted_per_position)
@@ -90,7 +95,16 @@ class SpecDecodeCounters:
             draft_tokens=self.draft_tokens - before.draft_tokens,
             accepted_tokens=self.accepted_tokens - before.accepted_tokens,
             accepted_per_position={p: self.accepted_per_position.get(p, 0.0)
-                                   - before.accepted_per_position.get(p, 0.0) for p in positions})
+                                   - before.accepted_per_position.get(p, 0.0) for p in positions},
+            generation_tokens=self.generation_tokens - before.generation_tokens,
+            requests=self.requests - before.requests)
+
+    def went_down_from(self, before: "SpecDecodeCounters") -> bool:
+        """Whether a counter is lower than in ``before``: another engine (a restart) since."""
+        delta = self - before
+        return min([delta.drafts, delta.draft_tokens, delta.accepted_tokens,
+                    delta.generation_tokens, delta.requests,
+                    *delta.accepted_per_position.values()]) < 0
 
 
 def parse_counters(text: str) -> SpecDecodeCounters:

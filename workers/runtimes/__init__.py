@@ -275,6 +275,11 @@ def speculative_config(spec: dict[str, Any]) -> dict[str, Any] | None:
     return {"method": "dflash", "model": spec["drafter"], "num_speculative_tokens": tokens}
 
 
+# vLLM 0.33's per-request acceptance (``metrics.speculative_decoding`` in each response, the
+# final usage chunk of a stream); the local engine takes the same flag. Only with speculation.
+PER_REQUEST_METRICS = ["--per-request-spec-decode-metrics", "summary"]
+
+
 def build_serve(spec: dict[str, Any], name: str, *, port: int | str, host: str,
                 gpus: list[int] | None, api_key: str) -> StageCommand:
     """The serving command of a deployment: the verifier with its DFlash drafter (or, for the

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from workers.runtimes import (
+    PER_REQUEST_METRICS,
     UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
@@ -82,7 +83,7 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
     config = speculative_config(spec)
     argv = [
         "vllm", "serve", spec["verifier"],
-        *(["--speculative-config", json.dumps(config)] if config else []),
+        *(["--speculative-config", json.dumps(config), *PER_REQUEST_METRICS] if config else []),
         "--served-model-name", name,
         "--host", host,
         "--port", str(port),

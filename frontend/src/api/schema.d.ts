@@ -455,6 +455,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/deployments/{deployment_id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Metrics
+         * @description Live acceptance: one point per scrape interval of the engine's /metrics (oldest first;
+         *     pass ``last_id`` back as ``after``), and ``window``, the acceptance of the drafter serving
+         *     now over the last ``window_seconds``, weighted by drafts.
+         */
+        get: operations["list_metrics_api_deployments__deployment_id__metrics_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -1401,6 +1423,117 @@ export interface components {
             /** Revoked At */
             revoked_at: string | null;
         };
+        /**
+         * LiveMetricPoint
+         * @description One scrape interval of the deployment's engine (nothing generated: no point).
+         */
+        LiveMetricPoint: {
+            /**
+             * Object
+             * @default specdeck.deployment.metric
+             * @constant
+             */
+            object: "specdeck.deployment.metric";
+            /** Id */
+            id: number;
+            /**
+             * Created At
+             * Format: date-time
+             * @description When the interval ended (the scrape)
+             */
+            created_at: string;
+            /** Interval Seconds */
+            interval_seconds: number;
+            /**
+             * Drafter
+             * @description What served it: the drafter's path or Hub id (a promotion shows as a change of drafter)
+             */
+            drafter: string;
+            /** Checkpoint Id */
+            checkpoint_id: string | null;
+            /**
+             * Acceptance Length
+             * @description 1 + accepted / drafts; null when nothing was drafted
+             */
+            acceptance_length: number | null;
+            /**
+             * Per Position Acceptance
+             * @description Accepted at draft position i / drafts
+             */
+            per_position_acceptance: number[] | null;
+            /**
+             * Draft Acceptance Rate
+             * @description accepted / draft tokens
+             */
+            draft_acceptance_rate: number | null;
+            /**
+             * Tokens Per Second
+             * @description Generated tokens / interval_seconds
+             */
+            tokens_per_second: number;
+            /**
+             * Requests
+             * @description Requests finished in the interval
+             */
+            requests: number;
+            /** Generation Tokens */
+            generation_tokens: number;
+            /** Num Drafts */
+            num_drafts: number;
+            /** Num Draft Tokens */
+            num_draft_tokens: number;
+            /** Num Accepted Tokens */
+            num_accepted_tokens: number;
+        };
+        /** LiveMetricsPage */
+        LiveMetricsPage: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["LiveMetricPoint"][];
+            /** Has More */
+            has_more: boolean;
+            /** Last Id */
+            last_id: string | number | null;
+            window: components["schemas"]["LiveWindow"];
+        };
+        /**
+         * LiveWindow
+         * @description The last ``seconds`` of the drafter serving now, weighted by drafts: what the drift
+         *     alert compares with ``evaluated_acceptance_length`` (the job's served evaluation of the
+         *     checkpoint; null for a Hub drafter, which gets no alert).
+         */
+        LiveWindow: {
+            /** Seconds */
+            seconds: number;
+            /** Drafter */
+            drafter: string | null;
+            /** Points */
+            points: number;
+            /** Requests */
+            requests: number;
+            /** Num Drafts */
+            num_drafts: number;
+            /** Acceptance Length */
+            acceptance_length: number | null;
+            /** Per Position Acceptance */
+            per_position_acceptance: number[] | null;
+            /** Draft Acceptance Rate */
+            draft_acceptance_rate: number | null;
+            /** Tokens Per Second */
+            tokens_per_second: number | null;
+            /** Evaluated Acceptance Length */
+            evaluated_acceptance_length: number | null;
+            /**
+             * Alert Below
+             * @description The acceptance length under which the drift alert fires (SPECDECK_DRIFT_ALERT_FRACTION x evaluated)
+             */
+            alert_below: number | null;
+        };
         /** MetricOut */
         MetricOut: {
             /** Step */
@@ -2024,7 +2157,7 @@ export interface components {
              * Events
              * @description The event types to send
              */
-            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed")[];
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped")[];
             /**
              * Description
              * @default
@@ -2044,7 +2177,7 @@ export interface components {
             /** Url */
             url: string;
             /** Events */
-            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed")[];
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped")[];
             /** Description */
             description: string;
             /**
@@ -2111,7 +2244,7 @@ export interface components {
             /** Url */
             url: string;
             /** Events */
-            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed")[];
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped")[];
             /** Description */
             description: string;
             /**
@@ -4079,6 +4212,73 @@ export interface operations {
                 headers: {
                     /** @description Seconds to wait before retrying */
                     "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_metrics_api_deployments__deployment_id__metrics_get: {
+        parameters: {
+            query?: {
+                /** @description Points from this time on (ISO 8601 with a timezone) */
+                since?: string;
+                limit?: number;
+                after?: number;
+                /** @description The summary's window (default: SPECDECK_DRIFT_WINDOW_SECONDS) */
+                window_seconds?: number;
+            };
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LiveMetricsPage"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
                     [name: string]: unknown;
                 };
                 content: {

@@ -13,6 +13,10 @@
   ``_num_accepted_tokens_per_pos{position}``, prompt/generation tokens, request successes, and
   the gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``: what a promotion
   waits for before it stops an old engine).
+- With ``per_request_metrics`` "summary" or "detailed" (vLLM's
+  ``--per-request-spec-decode-metrics``) and speculation on, each response carries the request's
+  own acceptance as vLLM 0.33 writes it: ``metrics.speculative_decoding`` at the top level of a
+  completion, and of a stream's final usage chunk (sent when ``stream_options.include_usage``).
 
 Greedy only (temperature 0 or absent), n = 1. Requests are served one at a time.
 """
@@ -53,7 +57,8 @@ from workers.runtimes.local.server import (
 )
 from workers.runtimes.local.speculation import DecodeStep, Generation, LocalEngine
 
-__all__ = ["IncrementalDetokenizer", "SpecDecodeMetrics", "build_app"]
+__all__ = ["PER_REQUEST_LEVELS", "IncrementalDetokenizer", "RequestAcceptance",
+           "SpecDecodeMetrics", "build_app"]
 
 logger = logging.getLogger("specdeck.local.engine")
 
@@ -62,6 +67,7 @@ logger = logging.getLogger("specdeck.local.engine")
 # not per step.
 STEP_SLICE_S = 0.05
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's (and OpenAI's) default for /v1/completions
+PER_REQUEST_LEVELS = ("none", "summary", "detailed")  # --per-request-spec-decode-metrics
 
 
 class IncrementalDetokenizer:
@@ -168,6 +174,48 @@ class SpecDecodeMetrics:
         return generate_latest(self.registry)
 
 
+class RequestAcceptance:
+    """One request's acceptance: vLLM's ``metrics.speculative_decoding`` (its docs' "Per-Request
+    Acceptance Metrics"). A step that drafted nothing is not a verification step."""
+
+    def __init__(self, num_spec_tokens: int, *, detailed: bool) -> None:
+        self.num_spec_tokens = num_spec_tokens
+        self.detailed = detailed
+        self.histogram = [0] * (num_spec_tokens + 1)  # steps that accepted exactly j drafts
+        self.by_draft_length: dict[int, list[int]] = {}
+        self.accepted_per_step: list[int] = []
+        self.drafted_per_step: list[int] = []
+
+    def observe(self, step: DecodeStep) -> None:
+        if step.num_draft_tokens == 0:
+            return
+        self.histogram[step.num_accepted_tokens] += 1
+        row = self.by_draft_length.setdefault(step.num_draft_tokens,
+                                              [0] * (step.num_draft_tokens + 1))
+        row[step.num_accepted_tokens] += 1
+        self.accepted_per_step.append(step.num_accepted_tokens)
+        self.drafted_per_step.append(step.num_draft_tokens)
+
+    def as_json(self) -> dict[str, Any]:
+        steps = len(self.accepted_per_step)
+        accepted, drafted = sum(self.accepted_per_step), sum(self.drafted_per_step)
+        out: dict[str, Any] = {
+            "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+            "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "acceptance_histogram": list(self.histogram),
+            "acceptance_histogram_by_draft_length": {
+                str(k): list(v) for k, v in sorted(self.by_draft_length.items())},
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": drafted,
+            "num_spec_tokens": self.num_spec_tokens,
+        }
+        if self.detailed:
+            out["per_step_accepted"] = list(self.accepted_per_step)
+            out["per_step_drafted"] = list(self.drafted_per_step)
+        return out
+
+
 # Requests ------------------------------------------------------------------------------------
 
 
@@ -245,23 +293,41 @@ class _Job:
     prompt_ids: list[int]
     max_tokens: int
     ignore_eos: bool
+    acceptance: RequestAcceptance | None  # when per-request metrics are on
+
+    def metrics(self) -> dict[str, Any]:
+        """vLLM's per-request ``metrics`` object ({} when off)."""
+        if self.acceptance is None:
+            return {}
+        return {"metrics": {"speculative_decoding": self.acceptance.as_json()}}
 
 
-def _run_slice(generation: Generation, metrics: SpecDecodeMetrics, seconds: float) -> None:
+def _observe(job: _Job, metrics: SpecDecodeMetrics, step: DecodeStep) -> None:
+    metrics.observe(step)
+    if job.acceptance is not None:
+        job.acceptance.observe(step)
+
+
+def _run_slice(job: _Job, generation: Generation, metrics: SpecDecodeMetrics,
+               seconds: float) -> None:
     """Steps until the generation ends or ``seconds`` have passed (at least one step)."""
     deadline = time.perf_counter() + seconds
     while True:
-        metrics.observe(generation.step())
+        _observe(job, metrics, generation.step())
         if generation.finished or time.perf_counter() >= deadline:
             return
 
 
 def build_app(
     engine: LocalEngine, served_model_name: str, *, api_key: str | None = None,
-    compute: ComputeThread | None = None,
+    compute: ComputeThread | None = None, per_request_metrics: str = "none",
 ) -> FastAPI:
     """The HTTP API around ``engine``. With ``api_key``, ``/v1/*`` needs that bearer token.
-    ``compute`` is the thread that loaded the engine (a new one if not given)."""
+    ``compute`` is the thread that loaded the engine (a new one if not given).
+    ``per_request_metrics``: vLLM's ``--per-request-spec-decode-metrics`` level."""
+    if per_request_metrics not in PER_REQUEST_LEVELS:
+        raise ValueError(f"per_request_metrics must be one of {PER_REQUEST_LEVELS}")
+    per_request = per_request_metrics != "none" and engine.num_speculative_tokens > 0
     app = FastAPI(title="SpecDeck local engine")
     created = int(time.time())
     metrics = SpecDecodeMetrics(served_model_name, engine.num_speculative_tokens)
@@ -325,7 +391,11 @@ def build_app(
                 f"prompt has {len(prompt_ids)} and {max_tokens} were requested",
                 param="max_tokens",
             )
-        return _Job(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens, ignore_eos)
+        acceptance = (RequestAcceptance(engine.num_speculative_tokens,
+                                        detailed=per_request_metrics == "detailed")
+                      if per_request else None)
+        return _Job(f"{prefix}-{uuid.uuid4().hex}", prompt_ids, max_tokens, ignore_eos,
+                    acceptance)
 
     def prepare_chat(body: ChatCompletionRequest) -> _Job:
         check_sampling(body)
@@ -409,7 +479,7 @@ def build_app(
                 if await request.is_disconnected():
                     abandoned(job, generation)
                     return None
-                await compute.run(_run_slice, generation, metrics, STEP_SLICE_S)
+                await compute.run(_run_slice, job, generation, metrics, STEP_SLICE_S)
             finish(job, generation, time.perf_counter() - started)
         return generation
 
@@ -441,6 +511,7 @@ def build_app(
             "model": served_model_name,
             "choices": [choice],
             "usage": usage(job, generation),
+            **job.metrics(),
         }
         if body.return_token_ids:
             response["prompt_token_ids"] = job.prompt_ids
@@ -470,6 +541,7 @@ def build_app(
             "model": served_model_name,
             "choices": [choice],
             "usage": usage(job, generation),
+            **job.metrics(),
         }
 
     async def stream(
@@ -518,7 +590,7 @@ def build_app(
                     if await request.is_disconnected():
                         return
                     step = await compute.run(generation.step)
-                    metrics.observe(step)
+                    _observe(job, metrics, step)
                     pending.extend(step.token_ids)
                     text = detokenizer.add(step.token_ids, final=generation.finished)
                     if text or (return_token_ids and generation.finished):
@@ -537,6 +609,7 @@ def build_app(
                     "model": served_model_name,
                     "choices": [],
                     "usage": usage(job, generation),
+                    **job.metrics(),
                 }
                 yield f"data: {_json(final)}\n\n"
             yield "data: [DONE]\n\n"

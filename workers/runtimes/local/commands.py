@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from workers.runtimes import (
+    PER_REQUEST_METRICS,
     UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
@@ -76,7 +77,7 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
     argv = [
         sys.executable, "-m", "workers.runtimes.local.engine",
         "--verifier", spec["verifier"],
-        *(["--speculative-config", json.dumps(config)] if config else []),
+        *(["--speculative-config", json.dumps(config), *PER_REQUEST_METRICS] if config else []),
         "--served-model-name", name,
         "--host", host,
         "--port", str(port),

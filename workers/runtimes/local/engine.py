@@ -7,6 +7,7 @@ decoding, behind vLLM's OpenAI-compatible API. It stands in for ``vllm serve VER
          | --speculative-config '{"method": "ngram", "num_speculative_tokens": N,
                                   "prompt_lookup_max": 4, "prompt_lookup_min": 1}'] \\
         [--served-model-name NAME] --host 127.0.0.1 --port P [--api-key-env VAR] \\
+        [--per-request-spec-decode-metrics none|summary|detailed] \\
         [--dtype auto|float32|bfloat16|float16] [--num-threads T]
 
 Without ``--speculative-config`` the verifier is served alone and no drafter is loaded. Any
@@ -35,7 +36,12 @@ import logging
 import os
 from collections.abc import Sequence
 
-from workers.runtimes.local.api import IncrementalDetokenizer, SpecDecodeMetrics, build_app
+from workers.runtimes.local.api import (
+    PER_REQUEST_LEVELS,
+    IncrementalDetokenizer,
+    SpecDecodeMetrics,
+    build_app,
+)
 from workers.runtimes.local.model_runner import resolve_drafter_dir
 from workers.runtimes.local.server import ComputeThread, add_server_options, serve, set_up
 from workers.runtimes.local.speculation import (
@@ -95,6 +101,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--served-model-name", default=None, help="id in /v1/models (default: --verifier)"
     )
     parser.add_argument(
+        "--per-request-spec-decode-metrics",
+        choices=list(PER_REQUEST_LEVELS),
+        default="none",
+        help="vLLM's: add each request's acceptance to its response as "
+        "metrics.speculative_decoding (a stream: on the final usage chunk); detailed adds the "
+        "per-step arrays",
+    )
+    parser.add_argument(
         "--api-key-env",
         default=None,
         metavar="VAR",
@@ -128,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         str(engine.runner.dtype).removeprefix("torch."),
         "required" if api_key else "off",
     )
-    app = build_app(engine, served_name, api_key=api_key, compute=compute)
+    app = build_app(engine, served_name, api_key=api_key, compute=compute,
+                    per_request_metrics=args.per_request_spec_decode_metrics)
     serve(app, args)
 
 

@@ -1,0 +1,82 @@
+"""GET /api/deployments/{id}/metrics on both backends: the series' paging, the window summary
+(weighted by drafts, the drafter serving now, the evaluated AL it is held to), project scoping
+and bad parameters. Points are written by the worker's own function (workers/live_metrics.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.services.live_metrics import Interval
+from tests.conftest import Api, Stack
+from tests.integration.test_deployments_api import body  # noqa: F401 (fixture)
+from tests.integration.test_jobs_api import assert_error
+
+
+def add_points(deployment_id: str, *points: tuple[str, Interval, datetime]) -> None:
+    from app.db import session_scope
+    from workers.live_metrics import record_point
+
+    with session_scope() as session:
+        for drafter, interval, at in points:
+            record_point(session, deployment_id, interval, drafter=drafter, checkpoint_id=None,
+                         at=at)
+
+
+def interval(drafts: int, accepted: int, per_position: tuple[int, ...]) -> Interval:
+    return Interval(seconds=10.0, drafts=drafts, draft_tokens=drafts * 3, accepted=accepted,
+                    generation_tokens=drafts + accepted, requests=2, per_position=per_position)
+
+
+def test_series_pages_and_window(api: Api, body, stack: Stack) -> None:
+    deployment = api.post("/api/deployments", json=body()).json()
+    url = f"/api/deployments/{deployment['id']}/metrics"
+    empty = api.get(url).json()
+    assert empty["data"] == [] and empty["has_more"] is False and empty["last_id"] is None
+    assert empty["window"]["points"] == 0 and empty["window"]["acceptance_length"] is None
+
+    now = datetime.now(UTC)
+    add_points(deployment["id"],
+               ("old-drafter", interval(50, 50, (30, 20, 0)), now - timedelta(seconds=30)),
+               ("new-drafter", interval(100, 200, (90, 70, 40)), now - timedelta(seconds=20)),
+               ("new-drafter", interval(0, 0, (0, 0, 0)), now - timedelta(seconds=15)),
+               ("new-drafter", interval(10, 0, (0, 0, 0)), now - timedelta(seconds=10)))
+    page = api.get(url, params={"limit": 2}).json()
+    assert [p["drafter"] for p in page["data"]] == ["old-drafter", "new-drafter"]
+    assert page["has_more"] is True
+    point = page["data"][1]
+    assert point["acceptance_length"] == pytest.approx(3.0)
+    assert point["per_position_acceptance"] == pytest.approx([0.9, 0.7, 0.4])
+    assert point["draft_acceptance_rate"] == pytest.approx(200 / 300)
+    assert point["tokens_per_second"] == pytest.approx(30.0) and point["requests"] == 2
+    rest = api.get(url, params={"after": page["last_id"]}).json()
+    assert rest["has_more"] is False and len(rest["data"]) == 2
+    assert rest["data"][0]["acceptance_length"] is None  # no drafts: no ratios
+
+    window = page["window"]  # the drafter serving now, weighted by drafts
+    assert window["drafter"] == "new-drafter" and window["points"] == 3
+    assert window["num_drafts"] == 110 and window["requests"] == 6
+    assert window["acceptance_length"] == pytest.approx(1 + 200 / 110)
+    assert window["evaluated_acceptance_length"] is None and window["alert_below"] is None
+    short = api.get(url, params={"window_seconds": 12}).json()["window"]
+    assert short["points"] == 1 and short["acceptance_length"] == pytest.approx(1.0)
+    since = api.get(url, params={"since": (now - timedelta(seconds=12)).isoformat()}).json()
+    assert [p["num_drafts"] for p in since["data"]] == [10]
+
+
+def test_another_projects_deployment_is_404(api: Api, body, make_api, stack: Stack) -> None:
+    deployment = api.post("/api/deployments", json=body()).json()
+    other = make_api(api)
+    assert_error(other.get(f"/api/deployments/{deployment['id']}/metrics"), 404, "not_found", None)
+    assert_error(api.get("/api/deployments/dep_" + "0" * 24 + "/metrics"), 404, "not_found", None)
+
+
+@pytest.mark.parametrize("params", [
+    {"limit": 0}, {"limit": 1001}, {"after": -1}, {"after": "x"}, {"window_seconds": 0},
+    {"since": "2026-11-27T10:00:00"}, {"since": "yesterday"}])
+def test_bad_parameters_are_422(api: Api, body, stack: Stack, params) -> None:
+    deployment = api.post("/api/deployments", json=body()).json()
+    response = api.get(f"/api/deployments/{deployment['id']}/metrics", params=params)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == next(iter(params))
