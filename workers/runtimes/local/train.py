@@ -25,6 +25,11 @@ The CPU patches:
    check in ``maybe_setup_distributed`` sees the CPU device.
 5. Resuming loads checkpoints onto ``get_current_device()``, which answers ``"cuda:0"``
    without an accelerator: it answers ``"cpu"`` in the checkpointer module.
+
+With or without an accelerator, a warm start (``--from-pretrained``) loads the checkpoint in
+the dtype it was saved in (the trainer saves bfloat16), while this runtime feeds the draft
+float32 hidden states (``--hidden-states-dtype float32``) and a fresh draft is float32: the
+loaded draft is cast to the hidden states' dtype, as a fresh one would compute.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from typing import Any
 import torch
 import torch.distributed
 
-__all__ = ["TESTED_SPECULATORS_VERSION", "apply_cpu_patches", "main", "needs_cpu_patches"]
+__all__ = ["TESTED_SPECULATORS_VERSION", "apply_cpu_patches", "cast_warm_start_to_hidden_states_dtype",
+           "main", "needs_cpu_patches"]
 
 TESTED_SPECULATORS_VERSION = "0.9.0"
 
@@ -128,10 +134,26 @@ def apply_cpu_patches() -> None:
     checkpointer_module.get_current_device = lambda: "cpu"
 
 
+def cast_warm_start_to_hidden_states_dtype() -> None:
+    """A draft loaded with ``--from-pretrained`` computes in the hidden states' dtype."""
+    import speculators.train.cli as cli_module  # noqa: PLC0415
+
+    build = _require(cli_module, "build_draft_model")
+
+    def build_draft_model(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        model = build(args, *rest, **kwargs)
+        if getattr(args, "from_pretrained", None):
+            model = model.to(getattr(torch, args.hidden_states_dtype))
+        return model
+
+    cli_module.build_draft_model = build_draft_model
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if needs_cpu_patches():
         apply_cpu_patches()
+    cast_warm_start_to_hidden_states_dtype()
     from speculators.train.cli import main as train_main  # noqa: PLC0415
     from speculators.train.config import TrainConfig  # noqa: PLC0415
 
