@@ -1,5 +1,6 @@
-"""The ``specdeck`` command: serve the API, run a worker, migrate, manage keys, write the OpenAPI
-document, or run it all."""
+"""The ``specdeck`` command: serve the API, run a worker, migrate, administer keys and secrets,
+write the OpenAPI document, or run it all; and the client commands (app/client/) that talk to
+the API over HTTP."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from app.client.commands import register as register_client
+from app.client.exits import CLIError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -218,14 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(dest="db_command", required=True)
     db_sub.add_parser("upgrade", help="apply all migrations").set_defaults(func=cmd_db)
 
-    keys = sub.add_parser("keys", help="API keys")
+    admin = sub.add_parser("admin", help="server-side administration, against the database "
+                           "(SPECDECK_DATABASE_URL), not the API")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    keys = admin_sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
+    create = keys_sub.add_parser("create", help="create a key in a project (made if need be) and "
+                                 "print it (shown once): a project's first key")
     create.add_argument("--project", default="default")
     create.add_argument("--name", default="")
     create.set_defaults(func=cmd_keys_create)
 
-    secrets = sub.add_parser("secrets", help="project secrets")
+    secrets = admin_sub.add_parser("secrets", help="project secrets")
     secrets_sub = secrets.add_subparsers(dest="secrets_command", required=True)
     secrets_sub.add_parser("rotate", help="re-encrypt every secret under SPECDECK_SECRET_KEY "
                            "(old keys in SPECDECK_SECRET_KEY_PREVIOUS)").set_defaults(func=cmd_secrets_rotate)
@@ -251,12 +259,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo_data.add_argument("--output", required=True)
     demo_data.add_argument("--conversations", type=int, default=240)
     demo_data.set_defaults(func=cmd_demo_data)
+
+    register_client(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    args.func(args)
+    try:
+        code = args.func(args)
+    except CLIError as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
+        code = exc.code
+    except KeyboardInterrupt:
+        code = 130
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
