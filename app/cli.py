@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from app.client.commands import register as register_client
+from app.client.config import write_private
 from app.client.exits import CLIError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,9 @@ API_COMMAND = ["specdeck", "api"]
 WORKER_COMMAND = ["specdeck", "worker"]
 MIGRATE_COMMAND = ["specdeck", "db", "upgrade"]
 DEMO_MODEL, DEMO_DATA = "demo", "demo.jsonl"
+# The development key `specdeck run` keeps and prints on every start (relative to where it runs,
+# like the embedded default's var/).
+DEV_KEY_FILE = Path("var") / "dev-api-key"
 # The job the README shows: the demo verifier on the CPU, sized for a laptop (dflash-facts.md §3).
 DEMO_JOB = {"verifier": DEMO_MODEL, "dataset": "<demo dataset id>", "runtime": "local",
             "speculator": {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512,
@@ -160,23 +164,37 @@ def ensure_demo() -> tuple[str, str]:
     return DEMO_MODEL, DEMO_DATA
 
 
+def development_key(project: str) -> tuple[str, str]:
+    """The key `specdeck run` prints, and its project's id: the one kept in DEV_KEY_FILE while
+    it still opens that project in this database (not revoked, not another database's), else a
+    new one, which replaces it there (mode 0600)."""
+    from app.db import session_scope
+    from app.services.keys import authenticate, create_key, get_project
+
+    stored = DEV_KEY_FILE.read_text(encoding="utf-8").strip() if DEV_KEY_FILE.is_file() else ""
+    with session_scope() as session:
+        key = authenticate(session, stored) if stored else None
+        if key is not None and get_project(session, key.project_id).name == project:
+            return stored, key.project_id
+        new = create_key(session, project, "make run")
+        plaintext, project_id = new.plaintext, new.key.project_id
+    write_private(DEV_KEY_FILE, plaintext + "\n")  # once the key is committed
+    return plaintext, project_id
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     """Development: migrate, then run the API and a worker together until Ctrl-C."""
-    from app.db import session_scope
-    from app.services.keys import create_key
-
     _ensure_sqlite_dirs()
     migrate()
-    with session_scope() as session:
-        new = create_key(session, args.project, "make run")
-        key, project_id = new.plaintext, new.key.project_id
+    key, project_id = development_key(args.project)
     dataset_id = None if args.no_demo else register_demo(project_id)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     exe = str(Path(sys.executable).parent / "specdeck")
     api = subprocess.Popen([exe, *API_COMMAND[1:], "--host", args.host, "--port", str(args.port)], env=env)
     worker = subprocess.Popen([exe, *WORKER_COMMAND[1:]], env=env)
     url = f"http://{args.host}:{args.port}"
-    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}", flush=True)
+    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}  "
+          f"(kept in {DEV_KEY_FILE}, printed again on the next start)", flush=True)
     if dataset_id:
         body = json.dumps({**DEMO_JOB, "dataset": dataset_id})
         print(f"  demo dataset: {dataset_id}\n  train a drafter for the demo verifier:\n"

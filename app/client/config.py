@@ -52,22 +52,27 @@ def read_profiles(path: Path) -> dict[str, dict[str, Any]]:
     return profiles if isinstance(profiles, dict) else {}
 
 
-def write_profile(path: Path, name: str, url: str, api_key: str) -> None:
-    """Add or replace one profile. The file is written whole to a new file created with mode
-    0600 (the key is never readable by others, not even for a moment), then moved into place."""
-    profiles = read_profiles(path)
-    profiles[name] = {"url": url, "api_key": api_key}
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` whole, readable by its owner only: a new file created with mode 0600 (a
+    key in it is never readable by others, not even for a moment), then moved into place."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)  # left by a crash: O_EXCL makes the file anew, 0600
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            json.dump({"profiles": profiles}, stream, indent=2)
-            stream.write("\n")
+            stream.write(text)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def write_profile(path: Path, name: str, url: str, api_key: str) -> None:
+    """Add or replace one profile."""
+    profiles = read_profiles(path)
+    profiles[name] = {"url": url, "api_key": api_key}
+    write_private(path, json.dumps({"profiles": profiles}, indent=2) + "\n")
 
 
 def _number(value: str, name: str, kind: type) -> Any:
