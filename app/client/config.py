@@ -85,11 +85,14 @@ def _number(value: str, name: str, kind: type) -> Any:
     return number
 
 
-def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Config:
-    """The command's URL, key and retry settings: flags > environment > profile > defaults."""
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ, *,
+            existing_profile: bool = True) -> Config:
+    """The command's URL, key and retry settings: flags > environment > profile > defaults.
+    ``existing_profile``: a profile named with --profile must exist (not so for login, which
+    writes it)."""
     profile = args.profile or environ.get("SPECDECK_PROFILE") or DEFAULT_PROFILE
     stored = read_profiles(config_path(environ)).get(profile, {})
-    if args.profile and not stored:
+    if existing_profile and args.profile and not stored:
         raise CLIError(exits.USAGE, f"no profile '{profile}' in {config_path(environ)}: "
                        f"run `specdeck login --profile {profile}`")
     url = args.url or environ.get("SPECDECK_URL") or stored.get("url") or DEFAULT_URL

@@ -1,7 +1,7 @@
 """Project secrets (the Hugging Face token, ...), encrypted at rest with Fernet.
 
 The key comes from SPECDECK_SECRET_KEY. To rotate it, set the new value and move the old one to
-SPECDECK_SECRET_KEY_PREVIOUS (comma-separated for several), then run `specdeck secrets rotate`:
+SPECDECK_SECRET_KEY_PREVIOUS (comma-separated for several), then run `specdeck admin secrets rotate`:
 every value is re-encrypted under the new key, after which the previous keys can be dropped.
 """
 

@@ -19,7 +19,7 @@ def command(parser: argparse.ArgumentParser, handler: Handler, *, needs_key: boo
 
 
 def run(args: argparse.Namespace, handler: Handler, needs_key: bool) -> int:
-    settings = config.resolve(args)
+    settings = config.resolve(args, existing_profile=needs_key)
     if needs_key and not settings.api_key:
         raise CLIError(exits.USAGE, "no API key: set SPECDECK_API_KEY, run `specdeck login`, or "
                        "pass --api-key")
