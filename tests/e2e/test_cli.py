@@ -118,7 +118,6 @@ def test_ci_doc_pipeline_trains_reports_and_replays(server: SpecdeckRun, workdir
         assert done.returncode == 0, f"{script}\n{done.stdout}\n{done.stderr}"
         outputs.append(done)
     upload, train = outputs
-    print(train.stderr)
     assert re.fullmatch(r"ds_[0-9a-f]{24}\n", upload.stdout), upload.stdout
     summary = SUMMARY.search(step_summary.read_text())
     assert summary, step_summary.read_text()

@@ -5,11 +5,13 @@ function ``(args, api) -> exit code``."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from app.client import config, exits
 from app.client.exits import CLIError
 from app.client.http import Api
+from app.client.output import emit_json, listing
 
 Handler = Callable[[argparse.Namespace, Api], int]
 
@@ -29,6 +31,34 @@ def run(args: argparse.Namespace, handler: Handler, needs_key: bool) -> int:
         return handler(args, api)
     finally:
         api.close()
+
+
+def list_command(parser: argparse.ArgumentParser, path: str, columns: Sequence[str],
+                 after: str, filters: Sequence[str] = ()) -> None:
+    """A page of a list (``--limit``, ``--after``, and the query ``filters`` its parser has):
+    a table, or the page as JSON."""
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--after", metavar=after, help="the page after this one")
+
+    def handler(args: argparse.Namespace, api: Api) -> int:
+        params: dict[str, Any] = {"limit": args.limit}
+        params |= {name: getattr(args, name) for name in ("after", *filters)
+                   if getattr(args, name) is not None}
+        listing(api.json("GET", path, params=params), args.json, columns)
+        return exits.SUCCEEDED
+
+    command(parser, handler)
+
+
+def get_command(parser: argparse.ArgumentParser, path: str, ident: str) -> None:
+    """One object, as JSON: ``path`` with ``{ident}`` filled in from the argument."""
+    parser.add_argument(ident)
+
+    def handler(args: argparse.Namespace, api: Api) -> int:
+        emit_json(api.json("GET", path.format(**{ident: getattr(args, ident)})))
+        return exits.SUCCEEDED
+
+    command(parser, handler)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 
 from app.client import exits
-from app.client.commands import command
+from app.client.commands import command, get_command
 from app.client.http import Api
-from app.client.output import emit_json, note, show
-
-
-def get(args: argparse.Namespace, api: Api) -> int:
-    emit_json(api.json("GET", f"/api/checkpoints/{args.checkpoint_id}"))
-    return exits.SUCCEEDED
+from app.client.output import note, show
 
 
 def publish(args: argparse.Namespace, api: Api) -> int:
@@ -28,9 +23,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     checkpoints = sub.add_parser("checkpoints", help="checkpoints (client)")
     checkpoints_sub = checkpoints.add_subparsers(dest="checkpoints_command", required=True)
 
-    p = checkpoints_sub.add_parser("get", parents=[common], help="a checkpoint, as JSON")
-    p.add_argument("checkpoint_id")
-    command(p, get)
+    get_command(checkpoints_sub.add_parser("get", parents=[common], help="a checkpoint, as JSON"),
+                "/api/checkpoints/{checkpoint_id}", "checkpoint_id")
 
     p = checkpoints_sub.add_parser("publish", parents=[common],
                                    help="publish a checkpoint to the Hugging Face Hub")

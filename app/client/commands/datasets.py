@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from app.client import exits
-from app.client.commands import command
+from app.client.commands import command, get_command, list_command
 from app.client.exits import CLIError
 from app.client.http import Api
-from app.client.output import emit_json, listing, note, show
+from app.client.output import note, show
 
 
 def upload(api: Api, path: Path, name: str | None) -> dict[str, Any]:
@@ -35,18 +35,6 @@ def upload_command(args: argparse.Namespace, api: Api) -> int:
     return exits.SUCCEEDED
 
 
-def list_datasets(args: argparse.Namespace, api: Api) -> int:
-    params = {"limit": args.limit} | ({"after": args.after} if args.after else {})
-    listing(api.json("GET", "/api/datasets", params=params), args.json,
-            ("id", "name", "kind", "format", "num_conversations", "num_bytes", "created_at"))
-    return exits.SUCCEEDED
-
-
-def get(args: argparse.Namespace, api: Api) -> int:
-    emit_json(api.json("GET", f"/api/datasets/{args.dataset_id}"))
-    return exits.SUCCEEDED
-
-
 def delete(args: argparse.Namespace, api: Api) -> int:
     api.request("DELETE", f"/api/datasets/{args.dataset_id}")
     note(f"deleted {args.dataset_id}")
@@ -63,13 +51,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--name")
     command(p, upload_command)
 
-    p = datasets_sub.add_parser("list", parents=[common], help="the project's datasets")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--after", metavar="DATASET_ID")
-    command(p, list_datasets)
-
-    for name, handler, text in (("get", get, "a dataset, as JSON"),
-                                ("delete", delete, "delete a dataset no job uses")):
-        p = datasets_sub.add_parser(name, parents=[common], help=text)
-        p.add_argument("dataset_id")
-        command(p, handler)
+    list_command(datasets_sub.add_parser("list", parents=[common], help="the project's datasets"),
+                 "/api/datasets", ("id", "name", "kind", "format", "num_conversations",
+                                   "num_bytes", "created_at"), after="DATASET_ID")
+    get_command(datasets_sub.add_parser("get", parents=[common], help="a dataset, as JSON"),
+                "/api/datasets/{dataset_id}", "dataset_id")
+    p = datasets_sub.add_parser("delete", parents=[common], help="delete a dataset no job uses")
+    p.add_argument("dataset_id")
+    command(p, delete)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from app.client import exits
-from app.client.commands import command
+from app.client.commands import command, get_command, list_command
 from app.client.http import Api
-from app.client.output import emit_json, listing, note, show
+from app.client.output import note, show
 from app.client.wait import wait_deployment
 
 
@@ -21,18 +21,6 @@ def create(args: argparse.Namespace, api: Api) -> int:
     if args.wait:
         return wait_deployment(api, deployment["id"], timeout=args.timeout, as_json=args.json)
     show(deployment, args.json, deployment["id"])
-    return exits.SUCCEEDED
-
-
-def list_deployments(args: argparse.Namespace, api: Api) -> int:
-    params = {"limit": args.limit} | ({"after": args.after} if args.after else {})
-    listing(api.json("GET", "/api/deployments", params=params), args.json,
-            ("id", "name", "status", "drafter", "verifier", "restarts", "created_at"))
-    return exits.SUCCEEDED
-
-
-def get(args: argparse.Namespace, api: Api) -> int:
-    emit_json(api.json("GET", f"/api/deployments/{args.deployment_id}"))
     return exits.SUCCEEDED
 
 
@@ -69,16 +57,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     _wait_options(p, flag=True)
     command(p, create)
 
-    p = deployments_sub.add_parser("list", parents=[common], help="the project's deployments")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--after", metavar="DEPLOYMENT_ID")
-    command(p, list_deployments)
-
-    for name, handler, text in (("get", get, "a deployment, as JSON"),
-                                ("delete", delete, "stop a deployment")):
-        p = deployments_sub.add_parser(name, parents=[common], help=text)
-        p.add_argument("deployment_id")
-        command(p, handler)
+    list_command(deployments_sub.add_parser("list", parents=[common],
+                                            help="the project's deployments"),
+                 "/api/deployments", ("id", "name", "status", "drafter", "verifier", "restarts",
+                                      "created_at"), after="DEPLOYMENT_ID")
+    get_command(deployments_sub.add_parser("get", parents=[common], help="a deployment, as JSON"),
+                "/api/deployments/{deployment_id}", "deployment_id")
+    p = deployments_sub.add_parser("delete", parents=[common], help="stop a deployment")
+    p.add_argument("deployment_id")
+    command(p, delete)
 
     p = deployments_sub.add_parser("wait", parents=[common], help="wait until a deployment is "
                                    "ready (0) or fails (1); 4 on --timeout")

@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 
 from app.client import exits
-from app.client.commands import command
+from app.client.commands import command, get_command, list_command
 from app.client.commands.datasets import upload
 from app.client.exits import CLIError
 from app.client.http import RETRY_STATUSES, Api, backoff, describe_error
 from app.client.jobfile import AUTO, idempotency_key, load_job_file
-from app.client.output import emit_json, listing, note, show, table
+from app.client.output import emit_json, note, show, table
 from app.client.wait import JOB_TERMINAL, POLL_SECONDS, wait_job
 
 LOG_WINDOW = 1000  # the lines `logs --follow` reads each time to find the new ones
@@ -41,19 +41,6 @@ def create(args: argparse.Namespace, api: Api) -> int:
     if args.wait:
         return wait_job(api, job["id"], timeout=args.timeout, as_json=args.json)
     show(job, args.json, job["id"])
-    return exits.SUCCEEDED
-
-
-def list_jobs(args: argparse.Namespace, api: Api) -> int:
-    params = {"limit": args.limit} | ({"after": args.after} if args.after else {}) \
-        | ({"status": args.status} if args.status else {})
-    listing(api.json("GET", "/api/jobs", params=params), args.json,
-            ("id", "status", "stage", "error_code", "served_acceptance_length", "created_at"))
-    return exits.SUCCEEDED
-
-
-def get(args: argparse.Namespace, api: Api) -> int:
-    emit_json(api.json("GET", f"/api/jobs/{args.job_id}"))
     return exits.SUCCEEDED
 
 
@@ -194,14 +181,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = jobs_sub.add_parser("list", parents=[common], help="the project's jobs, newest first")
     p.add_argument("--status", choices=("queued", "running", "succeeded", "failed",
                                         "cancelling", "cancelled"))
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--after", metavar="JOB_ID", help="the page after this job")
-    command(p, list_jobs)
-
-    for name, handler, text in (("get", get, "a job, as JSON"), ("cancel", cancel, "cancel a job")):
-        p = jobs_sub.add_parser(name, parents=[common], help=text)
-        p.add_argument("job_id")
-        command(p, handler)
+    list_command(p, "/api/jobs", ("id", "status", "stage", "error_code",
+                                  "served_acceptance_length", "created_at"),
+                 after="JOB_ID", filters=("status",))
+    get_command(jobs_sub.add_parser("get", parents=[common], help="a job, as JSON"),
+                "/api/jobs/{job_id}", "job_id")
+    p = jobs_sub.add_parser("cancel", parents=[common], help="cancel a job")
+    p.add_argument("job_id")
+    command(p, cancel)
 
     p = jobs_sub.add_parser("wait", parents=[common], help="follow a job until it ends (exit "
                             "0 succeeded, 1 failed, 3 cancelled, 4 timed out)")

@@ -6,22 +6,15 @@ from __future__ import annotations
 import argparse
 
 from app.client import exits
-from app.client.commands import command
+from app.client.commands import command, list_command
 from app.client.http import Api
-from app.client.output import listing, note, show
+from app.client.output import note, show
 
 
 def create(args: argparse.Namespace, api: Api) -> int:
     created = api.json("POST", "/api/keys", json={"name": args.name})
     note(f"created {created['id']}; the key is shown once, store it now")
     show(created, args.json, created["key"])
-    return exits.SUCCEEDED
-
-
-def list_keys(args: argparse.Namespace, api: Api) -> int:
-    params = {"limit": args.limit} | ({"after": args.after} if args.after else {})
-    listing(api.json("GET", "/api/keys", params=params), args.json,
-            ("id", "name", "prefix", "created_at", "last_used_at", "revoked_at"))
     return exits.SUCCEEDED
 
 
@@ -40,10 +33,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--name", default="", help="a label, to tell keys apart")
     command(p, create)
 
-    p = keys_sub.add_parser("list", parents=[common], help="the project's keys (prefixes only)")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--after", metavar="KEY_ID")
-    command(p, list_keys)
+    list_command(keys_sub.add_parser("list", parents=[common], help="the project's keys "
+                                     "(prefixes only)"),
+                 "/api/keys", ("id", "name", "prefix", "created_at", "last_used_at",
+                               "revoked_at"), after="KEY_ID")
 
     p = keys_sub.add_parser("revoke", parents=[common], help="revoke a key: /api refuses it "
                             "from then on")
