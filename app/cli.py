@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     except CLIError as exc:
         print(f"error: {exc.message}", file=sys.stderr, flush=True)
         code = exc.code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a client command stopped by Ctrl-C; what it started keeps going
+        print("interrupted", file=sys.stderr, flush=True)
         code = 130
     if code:
         sys.exit(code)
