@@ -137,6 +137,24 @@ def test_ci_doc_pipeline_trains_reports_and_replays(server: SpecdeckRun, workdir
     checkpoint = json.loads(specdeck("checkpoints", "get", checkpoint_id, "--json", env=env,
                                      cwd=workdir).stdout)
     assert checkpoint["job_id"] == job_id
+    # Following an ended job: its events (SSE) and log end at once; its loss is in the metrics.
+    followed = specdeck("jobs", "events", job_id, "--follow", env=env, cwd=workdir, timeout=60)
+    assert followed.returncode == 0 and "all stages completed" in followed.stdout
+    logged = specdeck("jobs", "logs", job_id, "--tail", "5", "--follow", env=env, cwd=workdir,
+                      timeout=60)
+    assert logged.returncode == 0 and 0 < len(logged.stdout.splitlines()) <= 5
+    losses = json.loads(specdeck("jobs", "metrics", job_id, "--name", "train/loss", "--json",
+                                 env=env, cwd=workdir).stdout)["data"]
+    assert losses and {m["name"] for m in losses} == {"train/loss"}
+
+    # Serve the checkpoint: ready (exit 0), listed, stopped.
+    served = specdeck("deployments", "create", "--name", "ci-drafter", "--checkpoint",
+                      checkpoint_id, "--wait", "--timeout", "120", env=env, cwd=workdir)
+    assert served.returncode == 0, served.stderr
+    deployment_id = re.match(r"(dep_\w+) ready", served.stdout).group(1)
+    assert deployment_id in specdeck("deployments", "list", env=env, cwd=workdir).stdout
+    stopped = specdeck("deployments", "delete", deployment_id, env=env, cwd=workdir)
+    assert stopped.returncode == 0 and stopped.stdout.startswith(f"{deployment_id} stop")
 
     # The pipeline run again on the same files replays the same job (auto key): no training.
     again = specdeck(*steps[1].split("|")[0].replace("\\\n", " ").split()[1:], "--json",
