@@ -19,5 +19,8 @@ def test_summary_line_and_log_tails() -> None:
     assert job_summary(failed, checkpoints[:1]) == (
         "job_1 failed (acceptance_gate_failed): served AL -, speedup -, best checkpoint ckpt_1")
     assert new_lines(["a", "b", "c"], ["b", "c", "d", "e"]) == ["d", "e"]
+    assert new_lines(["c", "d"], ["a", "b", "c", "d"]) == []  # a short tail, then a long one
+    assert new_lines(["c", "d"], ["a", "b", "c", "d", "e"]) == ["e"]
+    assert new_lines([], ["a"]) == ["a"]
     assert new_lines(["a", "b"], ["a", "b"]) == []
     assert new_lines(["a"], ["x", "y"]) == ["x", "y"]  # more new lines than the window held

@@ -118,11 +118,15 @@ def follow_events(api: Api, job_id: str, as_json: bool) -> int:
 
 
 def new_lines(seen: list[str], lines: list[str]) -> list[str]:
-    """The lines of a newer tail of the log that the older tail ``seen`` did not have: what
-    follows the longest end of ``seen`` that ``lines`` starts with."""
-    for overlap in range(min(len(seen), len(lines)), 0, -1):
-        if lines[:overlap] == seen[-overlap:]:
-            return lines[overlap:]
+    """The lines of a newer tail of the log (``lines``) after what the older tail ``seen``
+    ended with: what follows the latest place where ``lines`` holds the end of ``seen`` (all
+    of ``lines`` when it does not: more was written than the tail holds)."""
+    if not seen:
+        return lines
+    for end in range(len(lines), 0, -1):
+        size = min(len(seen), end)
+        if lines[end - size:end] == seen[-size:]:
+            return lines[end:]
     return lines
 
 
