@@ -1,5 +1,6 @@
-"""The ``specdeck`` command: serve the API, run a worker, migrate, manage keys, write the OpenAPI
-document, or run it all."""
+"""The ``specdeck`` command: serve the API, run a worker, migrate, administer keys and secrets,
+write the OpenAPI document, or run it all; and the client commands (app/client/) that talk to
+the API over HTTP."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.client.commands import register as register_client
+from app.client.config import write_private
+from app.client.exits import CLIError
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # The entry points docker-compose.yml, the Makefile and `specdeck run` share.
@@ -18,6 +23,9 @@ API_COMMAND = ["specdeck", "api"]
 WORKER_COMMAND = ["specdeck", "worker"]
 MIGRATE_COMMAND = ["specdeck", "db", "upgrade"]
 DEMO_MODEL, DEMO_DATA = "demo", "demo.jsonl"
+# The development key `specdeck run` keeps and prints on every start (relative to where it runs,
+# like the embedded default's var/).
+DEV_KEY_FILE = Path("var") / "dev-api-key"
 # The job the README shows: the demo verifier on the CPU, sized for a laptop (dflash-facts.md §3).
 DEMO_JOB = {"verifier": DEMO_MODEL, "dataset": "<demo dataset id>", "runtime": "local",
             "speculator": {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512,
@@ -156,23 +164,37 @@ def ensure_demo() -> tuple[str, str]:
     return DEMO_MODEL, DEMO_DATA
 
 
+def development_key(project: str) -> tuple[str, str]:
+    """The key `specdeck run` prints, and its project's id: the one kept in DEV_KEY_FILE while
+    it still opens that project in this database (not revoked, not another database's), else a
+    new one, which replaces it there (mode 0600)."""
+    from app.db import session_scope
+    from app.services.keys import authenticate, create_key, get_project
+
+    stored = DEV_KEY_FILE.read_text(encoding="utf-8").strip() if DEV_KEY_FILE.is_file() else ""
+    with session_scope() as session:
+        key = authenticate(session, stored) if stored else None
+        if key is not None and get_project(session, key.project_id).name == project:
+            return stored, key.project_id
+        new = create_key(session, project, "make run")
+        plaintext, project_id = new.plaintext, new.key.project_id
+    write_private(DEV_KEY_FILE, plaintext + "\n")  # once the key is committed
+    return plaintext, project_id
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     """Development: migrate, then run the API and a worker together until Ctrl-C."""
-    from app.db import session_scope
-    from app.services.keys import create_key
-
     _ensure_sqlite_dirs()
     migrate()
-    with session_scope() as session:
-        new = create_key(session, args.project, "make run")
-        key, project_id = new.plaintext, new.key.project_id
+    key, project_id = development_key(args.project)
     dataset_id = None if args.no_demo else register_demo(project_id)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     exe = str(Path(sys.executable).parent / "specdeck")
     api = subprocess.Popen([exe, *API_COMMAND[1:], "--host", args.host, "--port", str(args.port)], env=env)
     worker = subprocess.Popen([exe, *WORKER_COMMAND[1:]], env=env)
     url = f"http://{args.host}:{args.port}"
-    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}", flush=True)
+    print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}  "
+          f"(kept in {DEV_KEY_FILE}, printed again on the next start)", flush=True)
     if dataset_id:
         body = json.dumps({**DEMO_JOB, "dataset": dataset_id})
         print(f"  demo dataset: {dataset_id}\n  train a drafter for the demo verifier:\n"
@@ -218,14 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(dest="db_command", required=True)
     db_sub.add_parser("upgrade", help="apply all migrations").set_defaults(func=cmd_db)
 
-    keys = sub.add_parser("keys", help="API keys")
+    admin = sub.add_parser("admin", help="server-side administration, against the database "
+                           "(SPECDECK_DATABASE_URL), not the API")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    keys = admin_sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
+    create = keys_sub.add_parser("create", help="create a key in a project (made if need be) and "
+                                 "print it (shown once): a project's first key")
     create.add_argument("--project", default="default")
     create.add_argument("--name", default="")
     create.set_defaults(func=cmd_keys_create)
 
-    secrets = sub.add_parser("secrets", help="project secrets")
+    secrets = admin_sub.add_parser("secrets", help="project secrets")
     secrets_sub = secrets.add_subparsers(dest="secrets_command", required=True)
     secrets_sub.add_parser("rotate", help="re-encrypt every secret under SPECDECK_SECRET_KEY "
                            "(old keys in SPECDECK_SECRET_KEY_PREVIOUS)").set_defaults(func=cmd_secrets_rotate)
@@ -251,12 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo_data.add_argument("--output", required=True)
     demo_data.add_argument("--conversations", type=int, default=240)
     demo_data.set_defaults(func=cmd_demo_data)
+
+    register_client(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    args.func(args)
+    try:
+        code = args.func(args)
+    except CLIError as exc:
+        print(f"error: {exc.message}", file=sys.stderr, flush=True)
+        code = exc.code
+    except KeyboardInterrupt:  # a client command stopped by Ctrl-C; what it started keeps going
+        print("interrupted", file=sys.stderr, flush=True)
+        code = 130
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

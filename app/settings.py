@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     database_url: str = f"sqlite:///{VAR}/specdeck.db"
     broker_url: str = f"sqla+sqlite:///{VAR}/broker.db"
     secret_key: str = DEFAULT_SECRET_KEY
-    # Old keys, comma-separated, still accepted for decryption while `specdeck secrets rotate`
+    # Old keys, comma-separated, still accepted for decryption while `specdeck admin secrets rotate`
     # re-encrypts every secret under secret_key.
     secret_key_previous: str | None = None
 

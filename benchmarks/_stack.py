@@ -149,7 +149,7 @@ def base_env(**settings: str) -> dict[str, str]:
 
 
 def specdeck(env: dict[str, str], *args: str, timeout: float = 120) -> str:
-    """Run a short ``specdeck`` command (db upgrade, keys create); return its stdout."""
+    """Run a short ``specdeck`` command (db upgrade, admin keys create); return its stdout."""
     done = subprocess.run([SPECDECK, *args], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, start_new_session=True)
     if done.returncode != 0:
@@ -159,7 +159,7 @@ def specdeck(env: dict[str, str], *args: str, timeout: float = 120) -> str:
 
 
 def create_key(env: dict[str, str], project: str) -> str:
-    return specdeck(env, "keys", "create", "--project", project).strip().splitlines()[-1]
+    return specdeck(env, "admin", "keys", "create", "--project", project).strip().splitlines()[-1]
 
 
 class Proc:

@@ -30,7 +30,8 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 # The scheme, for the OpenAPI document (and its clients); the key is read and checked below and
 # by the gateway, which answer 401 in the one error shape.
-bearer = HTTPBearer(auto_error=False, description="An API key: `specdeck keys create`")
+bearer = HTTPBearer(auto_error=False, description="An API key: `specdeck admin keys create` (a "
+                    "project's first key), then `specdeck keys create` or POST /api/keys")
 BearerScheme = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 
 

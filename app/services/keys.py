@@ -52,7 +52,7 @@ def get_project(session: Session, project_id: str) -> Project:
 
 
 def create_key(session: Session, project_name: str, name: str = "") -> NewKey:
-    """A key for the project of that name (created if need be): ``specdeck keys create``."""
+    """A key for the project of that name (created if need be): ``specdeck admin keys create``."""
     return add_key(session, get_or_create_project(session, project_name).id, name)
 
 

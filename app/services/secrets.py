@@ -2,7 +2,7 @@
 secrets and captured traffic are encrypted with the same key.
 
 The key comes from SPECDECK_SECRET_KEY. To rotate it, set the new value and move the old one to
-SPECDECK_SECRET_KEY_PREVIOUS (comma-separated for several), then run `specdeck secrets rotate`:
+SPECDECK_SECRET_KEY_PREVIOUS (comma-separated for several), then run `specdeck admin secrets rotate`:
 every value (project secrets, webhook secrets, captured rows) is re-encrypted under the new key, after
 which the previous keys can be dropped.
 """

@@ -75,3 +75,32 @@ def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, 
         assert job_processes(job_id) == []
     finally:
         run.kill()
+
+
+def test_specdeck_run_prints_the_same_key_on_every_start(tmp_path: Path) -> None:
+    """One development key, kept in var/ (0600) and printed again, not a new one per start; a
+    stored key this database does not know (another database's) is replaced."""
+    keys = []
+    for _ in range(2):
+        run = start(tmp_path, free_port(), args=("--no-demo",))
+        try:
+            run.wait_ready()
+            with httpx.Client(base_url=run.url, timeout=10) as client:
+                me = client.get("/api/me", headers={"Authorization": f"Bearer {run.key}"})
+            assert me.status_code == 200, me.text
+            keys.append(run.key)
+            run.interrupt()
+        finally:
+            run.kill()
+    stored = tmp_path / "var" / "dev-api-key"
+    assert keys[0] == keys[1] == stored.read_text().strip()
+    assert stored.stat().st_mode & 0o777 == 0o600
+
+    stored.write_text("sd_a-key-of-another-database\n")
+    run = start(tmp_path, free_port(), args=("--no-demo",))
+    try:
+        assert run.key not in keys and run.key == stored.read_text().strip()
+        assert stored.stat().st_mode & 0o777 == 0o600
+        run.interrupt()
+    finally:
+        run.kill()

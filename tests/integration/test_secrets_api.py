@@ -61,7 +61,7 @@ def test_rotation_reencrypts_under_the_new_key(api: Api, stack: Stack) -> None:
     old_key = get_settings().secret_key
     new_env = {"SPECDECK_SECRET_KEY": "n" * 40, "SPECDECK_SECRET_KEY_PREVIOUS": old_key}
     env = {**os.environ, **stack.env, **new_env}
-    out = subprocess.run([SPECDECK, "secrets", "rotate"], env=env, capture_output=True, text=True,
+    out = subprocess.run([SPECDECK, "admin", "secrets", "rotate"], env=env, capture_output=True, text=True,
                          check=True)
     assert "re-encrypted 1 secret" in out.stdout
     assert stack.scalar("SELECT ciphertext FROM secrets") != before

@@ -50,7 +50,7 @@ export default function SignIn() {
           error={error ?? undefined}
           hint={
             <>
-              From <code>specdeck keys create</code>, or printed by <code>make run</code>. It is kept in this browser
+              From <code>specdeck admin keys create</code> or <code>specdeck keys create</code>, or printed by <code>make run</code>. It is kept in this browser
               only and sent as a Bearer token.
             </>
           }

@@ -1,0 +1,74 @@
+"""``specdeck deployments``: create, list, get, delete and wait for deployments."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.client import exits
+from app.client.commands import command, get_command, list_command
+from app.client.http import Api
+from app.client.output import note, show
+from app.client.wait import wait_deployment
+
+
+def create(args: argparse.Namespace, api: Api) -> int:
+    body = {"name": args.name, "checkpoint_id": args.checkpoint, "drafter": args.drafter,
+            "verifier": args.verifier, "num_speculative_tokens": args.num_speculative_tokens,
+            "runtime": args.runtime}
+    deployment = api.json("POST", "/api/deployments",
+                          json={k: v for k, v in body.items() if v is not None})
+    note(f"created {deployment['id']} ({deployment['status']})")
+    if args.wait:
+        return wait_deployment(api, deployment["id"], timeout=args.timeout, as_json=args.json)
+    show(deployment, args.json, deployment["id"])
+    return exits.SUCCEEDED
+
+
+def delete(args: argparse.Namespace, api: Api) -> int:
+    deployment = api.json("DELETE", f"/api/deployments/{args.deployment_id}")
+    show(deployment, args.json, f"{deployment['id']} {deployment['status']}")
+    return exits.SUCCEEDED
+
+
+def wait(args: argparse.Namespace, api: Api) -> int:
+    return wait_deployment(api, args.deployment_id, timeout=args.timeout, as_json=args.json)
+
+
+def _wait_options(parser: argparse.ArgumentParser, flag: bool) -> None:
+    if flag:
+        parser.add_argument("--wait", action="store_true", help="wait until it is ready (exit 0) "
+                            "or fails (exit 1)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="stop waiting after S seconds (exit 4)")
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    deployments = sub.add_parser("deployments", help="deployments behind the gateway (client)")
+    deployments_sub = deployments.add_subparsers(dest="deployments_command", required=True)
+
+    p = deployments_sub.add_parser("create", parents=[common], help="serve a checkpoint, or a "
+                                   "drafter with its verifier; prints the deployment's id")
+    p.add_argument("--name", required=True, help="the model name clients ask the gateway for")
+    p.add_argument("--checkpoint", metavar="CHECKPOINT_ID")
+    p.add_argument("--drafter", help="a Hub id or a path under the models root (with --verifier)")
+    p.add_argument("--verifier")
+    p.add_argument("--num-speculative-tokens", type=int, metavar="N")
+    p.add_argument("--runtime", choices=("vllm", "local"))
+    _wait_options(p, flag=True)
+    command(p, create)
+
+    list_command(deployments_sub.add_parser("list", parents=[common],
+                                            help="the project's deployments"),
+                 "/api/deployments", ("id", "name", "status", "drafter", "verifier", "restarts",
+                                      "created_at"), after="DEPLOYMENT_ID")
+    get_command(deployments_sub.add_parser("get", parents=[common], help="a deployment, as JSON"),
+                "/api/deployments/{deployment_id}", "deployment_id")
+    p = deployments_sub.add_parser("delete", parents=[common], help="stop a deployment")
+    p.add_argument("deployment_id")
+    command(p, delete)
+
+    p = deployments_sub.add_parser("wait", parents=[common], help="wait until a deployment is "
+                                   "ready (0) or fails (1); 4 on --timeout")
+    p.add_argument("deployment_id")
+    _wait_options(p, flag=False)
+    command(p, wait)

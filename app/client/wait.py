@@ -1,0 +1,235 @@
+"""Following a job (or a deployment) until it ends: progress on stderr, a one-line summary, and
+the exit code its outcome means.
+
+A job is polled (``GET /api/jobs/{id}`` every POLL_SECONDS, its new events, and now and then its
+latest ``train/loss``): every request goes through the client's retries, so a restarting server
+or a network blip only delays the next line. On a terminal the progress is a live bar (rich);
+elsewhere (CI logs) plain timestamped lines.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from app.client import exits
+from app.client.http import Api
+from app.client.output import emit_json, note
+
+POLL_SECONDS = 1.5
+LOSS_SECONDS = 10.0  # the loss is read at most this often (the metrics list is not paged)
+PLAIN_PROGRESS_SECONDS = 30.0  # a plain progress line at least this often while training
+LOG_TAIL_LINES = 30
+JOB_TERMINAL = {"succeeded": exits.SUCCEEDED, "failed": exits.JOB_FAILED,
+                "cancelled": exits.CANCELLED}
+
+
+def _number(value: Any, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{suffix}"
+
+
+def progress_text(job: dict[str, Any], loss: float | None) -> str:
+    """Where the job is: "running/training epoch 2/6, step 40, loss 1.234"."""
+    where = job["status"] + (f"/{job['stage']}" if job.get("stage") else "")
+    progress = job.get("progress")
+    if progress and job["status"] in ("running", "cancelling"):
+        where += f" epoch {progress['epoch']}/{progress['epochs']}, step {progress['step']}"
+        if loss is not None:
+            where += f", loss {loss:.4g}"
+    return where
+
+
+def chosen_checkpoint(job: dict[str, Any], checkpoints: list[dict[str, Any]]
+                      ) -> dict[str, Any] | None:
+    """The checkpoint the evaluation chose, else the trainer's best."""
+    chosen = (job.get("evaluation") or {}).get("checkpoint_id")
+    return (next((c for c in checkpoints if c["id"] == chosen), None)
+            or next((c for c in checkpoints if c.get("is_best")), None))
+
+
+def job_summary(job: dict[str, Any], checkpoints: list[dict[str, Any]]) -> str:
+    """One line: the final status (and error code), served acceptance length, speedup over no
+    speculation, the best checkpoint's id, and its Hub URL once published."""
+    evaluation = job.get("evaluation") or {}
+    best = chosen_checkpoint(job, checkpoints)
+    status = job["status"] + (f" ({job['error_code']})" if job.get("error_code") else "")
+    line = (f"{job['id']} {status}: served AL {_number(job.get('served_acceptance_length'))}, "
+            f"speedup {_number(evaluation.get('speedup'), 'x')}, "
+            f"best checkpoint {best['id'] if best else '-'}")
+    hub = next((c["hub_url"] for c in ([best] if best else []) + checkpoints if c.get("hub_url")),
+               None)
+    return line + (f", published {hub}" if hub else "")
+
+
+class PlainView:
+    """Timestamped lines on stderr, for CI logs: each event, and the training progress when the
+    epoch changes (or every PLAIN_PROGRESS_SECONDS)."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.last_text: str | None = None
+        self.last_epoch: Any = None
+        self.last_at = 0.0
+
+    def __enter__(self) -> "PlainView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def line(self, text: str) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        note(f"{stamp} {self.subject} {text}")
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.line(event["message"])
+
+    def update(self, job: dict[str, Any], loss: float | None) -> None:
+        text = progress_text(job, loss)
+        epoch = (job.get("progress") or {}).get("epoch")
+        due = time.monotonic() - self.last_at >= PLAIN_PROGRESS_SECONDS and text != self.last_text
+        if epoch != self.last_epoch or (due and job.get("progress")):
+            self.line(text)
+            self.last_text, self.last_epoch, self.last_at = text, epoch, time.monotonic()
+
+
+class LiveView:
+    """A live progress bar on a terminal (stderr): status/stage, epoch bar, step, loss, time
+    elapsed; events printed above it."""
+
+    def __init__(self, subject: str) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=False)
+        self.task = self.progress.add_task(subject, total=None, detail="")
+        self.subject = subject
+
+    def __enter__(self) -> "LiveView":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.progress.console.print(f"[dim]{event['created_at'][11:19]}[/dim] {event['message']}",
+                                    highlight=False, markup=True)
+
+    def update(self, job: dict[str, Any], loss: float | None) -> None:
+        progress = job.get("progress")
+        where = job["status"] + (f"/{job['stage']}" if job.get("stage") else "")
+        detail = progress_text(job, loss).removeprefix(where).strip()
+        fields: dict[str, Any] = {"description": f"{self.subject} {where}", "detail": detail}
+        if progress:
+            done = progress["epochs"] if job.get("stage") not in (None, "training") \
+                and job["status"] != "queued" else progress["epoch"] - 1
+            fields.update(total=progress["epochs"], completed=done)
+        self.progress.update(self.task, **fields)
+
+
+def make_view(subject: str) -> PlainView | LiveView:
+    return LiveView(subject) if sys.stderr.isatty() else PlainView(subject)
+
+
+class _Clock:
+    def __init__(self, timeout: float | None) -> None:
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def sleep(self, seconds: float) -> None:
+        left = seconds if self.deadline is None else min(seconds, self.deadline - time.monotonic())
+        time.sleep(max(left, 0.0))
+
+
+def _new_events(api: Api, path: str, after: int | None, show: Callable[[dict[str, Any]], None]
+                ) -> int | None:
+    """Show the events after ``after``; the id of the last one shown."""
+    while True:
+        page = api.json("GET", path, params={"limit": 100} | ({"after": after} if after else {}))
+        for event in page["data"]:
+            show(event)
+            after = event["id"]
+        if not page["has_more"]:
+            return after
+
+
+def _latest_loss(api: Api, job_id: str) -> float | None:
+    rows = api.json("GET", f"/api/jobs/{job_id}/metrics", params={"name": "train/loss"})["data"]
+    return rows[-1]["value"] if rows else None
+
+
+def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool) -> int:
+    """Follow the job until it ends or ``timeout`` passes; print the summary (stdout; the job
+    as JSON with --json, the summary then on stderr) and return the exit code."""
+    clock = _Clock(timeout)
+    after: int | None = None
+    loss, loss_step, loss_at = None, None, 0.0
+    with make_view(job_id) as view:
+        while True:
+            job = api.json("GET", f"/api/jobs/{job_id}")
+            after = _new_events(api, f"/api/jobs/{job_id}/events", after, view.event)
+            step = (job.get("progress") or {}).get("step")
+            if step is not None and step != loss_step and time.monotonic() - loss_at >= LOSS_SECONDS:
+                loss, loss_step, loss_at = _latest_loss(api, job_id), step, time.monotonic()
+            view.update(job, loss)
+            if job["status"] in JOB_TERMINAL:
+                break
+            if clock.expired():
+                note(f"timed out after {timeout:g}s waiting for {job_id}; the job keeps going "
+                     f"({progress_text(job, loss)}): `specdeck jobs wait {job_id}` waits again, "
+                     f"`specdeck jobs cancel {job_id}` stops it")
+                return exits.TIMED_OUT
+            clock.sleep(POLL_SECONDS)
+    checkpoints = api.json("GET", f"/api/jobs/{job_id}/checkpoints")["data"]
+    summary = job_summary(job, checkpoints)
+    if job["status"] == "failed":
+        note(f"error: {job.get('error_code') or 'failed'}: {job.get('status_reason') or ''}")
+        tail = api.request("GET", f"/api/jobs/{job_id}/logs",
+                           params={"tail": LOG_TAIL_LINES}).text.rstrip("\n")
+        if tail:
+            note(f"--- the last {LOG_TAIL_LINES} lines of the job's log ---\n{tail}\n---")
+    elif job["status"] == "cancelled" and job.get("status_reason"):
+        note(f"cancelled: {job['status_reason']}")
+    if as_json:
+        emit_json(job)
+        note(summary)
+    else:
+        print(summary, flush=True)
+    return JOB_TERMINAL[job["status"]]
+
+
+def wait_deployment(api: Api, deployment_id: str, *, timeout: float | None,
+                    as_json: bool) -> int:
+    """Wait until the deployment is ready (0) or ends without serving (failed or stopped: 1),
+    printing its events; 4 once ``timeout`` passes."""
+    clock = _Clock(timeout)
+    after: int | None = None
+    view = PlainView(deployment_id)
+    while True:
+        deployment = api.json("GET", f"/api/deployments/{deployment_id}")
+        after = _new_events(api, f"/api/deployments/{deployment_id}/events", after, view.event)
+        status = deployment["status"]
+        if status in ("ready", "failed", "stopped"):
+            break
+        if clock.expired():
+            note(f"timed out after {timeout:g}s waiting for {deployment_id} to be ready; it is "
+                 f"{status}")
+            return exits.TIMED_OUT
+        clock.sleep(POLL_SECONDS)
+    line = f"{deployment_id} {status}" + (f": {deployment['status_reason']}"
+                                         if deployment.get("status_reason") else "")
+    if as_json:
+        emit_json(deployment)
+        note(line)
+    else:
+        print(line + (f" (model '{deployment['name']}')" if status == "ready" else ""), flush=True)
+    return exits.SUCCEEDED if status == "ready" else exits.JOB_FAILED

@@ -1,0 +1,26 @@
+"""The summary line a wait ends with, and how `logs --follow` finds a log's new lines."""
+
+from __future__ import annotations
+
+from app.client.commands.jobs import new_lines
+from app.client.wait import job_summary
+
+
+def test_summary_line_and_log_tails() -> None:
+    job = {"id": "job_1", "status": "succeeded", "error_code": None,
+           "served_acceptance_length": 3.4567, "evaluation": {"checkpoint_id": "ckpt_2",
+                                                              "speedup": 1.874}}
+    checkpoints = [{"id": "ckpt_1", "is_best": True, "hub_url": None},
+                   {"id": "ckpt_2", "is_best": False, "hub_url": "https://hf.co/o/n"}]
+    assert job_summary(job, checkpoints) == ("job_1 succeeded: served AL 3.46, speedup 1.87x, "
+                                             "best checkpoint ckpt_2, published https://hf.co/o/n")
+    failed = {**job, "status": "failed", "error_code": "acceptance_gate_failed",
+              "served_acceptance_length": None, "evaluation": None}
+    assert job_summary(failed, checkpoints[:1]) == (
+        "job_1 failed (acceptance_gate_failed): served AL -, speedup -, best checkpoint ckpt_1")
+    assert new_lines(["a", "b", "c"], ["b", "c", "d", "e"]) == ["d", "e"]
+    assert new_lines(["c", "d"], ["a", "b", "c", "d"]) == []  # a short tail, then a long one
+    assert new_lines(["c", "d"], ["a", "b", "c", "d", "e"]) == ["e"]
+    assert new_lines([], ["a"]) == ["a"]
+    assert new_lines(["a", "b"], ["a", "b"]) == []
+    assert new_lines(["a"], ["x", "y"]) == ["x", "y"]  # more new lines than the window held
