@@ -27,6 +27,7 @@ const EVENTS: Record<WebhookEvent, string> = {
   "checkpoint.published": "a checkpoint is on the Hub",
   "deployment.ready": "a deployment serves",
   "deployment.failed": "a deployment failed",
+  "deployment.acceptance_dropped": "a deployment's live acceptance dropped",
 };
 const EVENT_NAMES = Object.keys(EVENTS) as WebhookEvent[];
 
