@@ -1,0 +1,1 @@
+"""`specdeck doctor`: what a worker host has against what its runtime needs."""
