@@ -121,8 +121,10 @@ class Settings(BaseSettings):
     # live_metrics_seconds (on a health-check round: at most as often as those) and stores the
     # interval's deltas. Drift alert: the acceptance length over the last drift_window_seconds
     # (once it rests on drift_min_drafts drafts at least) below drift_alert_fraction of the
-    # drafter's evaluated one records an acceptance_dropped event, once per episode.
+    # drafter's evaluated one records an acceptance_dropped event, once per episode. Points
+    # older than live_metrics_retention_days are deleted by the reconciler.
     live_metrics_seconds: float = Field(default=15.0, gt=0)
+    live_metrics_retention_days: int = Field(default=90, ge=1)
     drift_window_seconds: float = Field(default=600.0, gt=0)
     drift_alert_fraction: float = Field(default=0.8, gt=0, le=1)
     drift_min_drafts: int = Field(default=1000, ge=1)

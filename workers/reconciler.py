@@ -1,7 +1,7 @@
 """The periodic reconciler, run by every worker: re-queue jobs (and re-place deployments) whose
 worker died (lease expired) and reap their orphaned processes, fail publishes whose worker
-died, schedule what waits, re-kick lost messages, purge captured traffic past its retention,
-and heartbeat the worker."""
+died, schedule what waits, re-kick lost messages, purge captured traffic and live acceptance
+points past their retention, and heartbeat the worker."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from app.db import session_scope
 from app.db.models import Checkpoint, Deployment, Job, Worker, utcnow
-from app.services import capture
+from app.services import capture, live_metrics
 from app.services import workers as registry
 from app.services.dispatch import kick
 from app.services.scheduling import MISSED_HEARTBEATS, schedule, unplace_from_dead_workers
@@ -137,6 +137,7 @@ def reconcile_once(settings: Settings, worker_id: str, host: str) -> None:
     fail_orphaned_publishes(settings)
     with session_scope() as session:
         capture.purge_expired(session)  # traffic capture's retention
+        live_metrics.purge_expired(session, settings.live_metrics_retention_days)
     with session_scope() as session:
         unplace_from_dead_workers(session, settings)
         schedule(session, settings)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Deployment, DeploymentMetric, utcnow
@@ -109,3 +109,10 @@ def window_summary(session: Session, deployment_id: str, seconds: float, *,
         evaluated_acceptance_length=evaluated,
         alert_below=(settings.drift_alert_fraction * evaluated
                      if settings is not None and evaluated is not None else None))
+
+
+def purge_expired(session: Session, retention_days: int, now: datetime | None = None) -> int:
+    """Delete the points older than ``retention_days`` (the series' retention); how many."""
+    cutoff = (now or utcnow()) - timedelta(days=retention_days)
+    return session.execute(delete(DeploymentMetric)
+                           .where(DeploymentMetric.created_at < cutoff)).rowcount

@@ -80,3 +80,22 @@ def test_bad_parameters_are_422(api: Api, body, stack: Stack, params) -> None:
     response = api.get(f"/api/deployments/{deployment['id']}/metrics", params=params)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == next(iter(params))
+
+
+def test_retention_purges_old_points(api: Api, body, stack: Stack) -> None:  # noqa: F811
+    from app.db import session_scope
+    from app.services.live_metrics import purge_expired
+
+    deployment = api.post("/api/deployments", json=body()).json()
+    now = datetime.now(UTC)
+    add_points(deployment["id"],
+               ("drafter", interval(10, 10, (6, 4, 0)), now - timedelta(days=31)),
+               ("drafter", interval(10, 10, (6, 4, 0)), now - timedelta(days=29)),
+               ("drafter", interval(10, 10, (6, 4, 0)), now))
+    with session_scope() as session:
+        assert purge_expired(session, 30) == 1
+    with session_scope() as session:
+        assert purge_expired(session, 30) == 0
+    left = api.get(f"/api/deployments/{deployment['id']}/metrics").json()["data"]
+    kept = sorted(datetime.fromisoformat(p["created_at"]) for p in left)
+    assert len(kept) == 2 and kept[0] > now - timedelta(days=30)
