@@ -21,6 +21,7 @@ COPY requirements ./requirements
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
+COPY scripts ./scripts
 RUN python -m venv /app/.venv
 ENV PATH="/app/.venv/bin:$PATH"
 
@@ -43,9 +44,10 @@ CMD ["specdeck", "worker"]
 # libraries come with the wheels; the host's driver comes in through the NVIDIA container
 # toolkit). Then speculators' dependencies, held to what vLLM installed (the CPU torch pin of
 # local.txt left out), speculators itself without its unused torchvision/torchaudio, and
-# SpecDeck. gcc and libc headers: Triton compiles its launchers when vLLM starts.
+# SpecDeck. gcc and libc headers: Triton compiles its launchers when vLLM starts; curl: the smoke
+# run (scripts/gpu-smoke.sh).
 FROM source AS worker-gpu
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev curl && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir -r requirements/gpu.txt \
  && pip freeze > /tmp/vllm-stack.txt \
  && grep -v '^torch==' requirements/local.txt > /tmp/speculators-deps.txt \
