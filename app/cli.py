@@ -1,6 +1,6 @@
-"""The ``specdeck`` command: serve the API, run a worker, migrate, administer keys and secrets,
-write the OpenAPI document, or run it all; and the client commands (app/client/) that talk to
-the API over HTTP."""
+"""The ``specdeck`` command: serve the API, run a worker, check a worker host (doctor), migrate,
+administer keys and secrets, write the OpenAPI document, or run it all; and the client commands
+(app/client/) that talk to the API over HTTP."""
 
 from __future__ import annotations
 
@@ -84,6 +84,15 @@ def cmd_worker(args: argparse.Namespace) -> None:
         f"--queues={settings.worker_queue}", f"--hostname={settings.worker_name}",
         "--without-gossip", "--without-mingle", "--loglevel=INFO",
     ])
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from app.doctor.runner import host_runtime, run
+    from app.settings import get_settings
+    from workers.gpus import detect_gpus
+
+    runtime = args.runtime or host_runtime(detect_gpus(get_settings().worker_gpus))
+    return run(runtime, as_json=args.json)
 
 
 def cmd_keys_create(args: argparse.Namespace) -> None:
@@ -235,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a Celery worker that executes job pipelines")
     worker.set_defaults(func=cmd_worker)
+
+    doctor = sub.add_parser("doctor", help="check this worker host against what a runtime needs "
+                            "(versions, GPUs, flags, disk, services); exit 1 when something is "
+                            "missing (docs/gpu.md)")
+    doctor.add_argument("--runtime", choices=["local", "vllm"], default=None,
+                        help="default: vllm when this host has GPUs (NVML, SPECDECK_WORKER_GPUS), "
+                        "else local")
+    doctor.add_argument("--json", action="store_true", help="the rows as JSON")
+    doctor.set_defaults(func=cmd_doctor)
 
     db = sub.add_parser("db", help="database migrations")
     db_sub = db.add_subparsers(dest="db_command", required=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 
 from celery import signals
 from sqlalchemy import select
 
 from app.db import session_scope
 from app.db.models import Checkpoint, Deployment, Job
+from app.doctor.runner import host_runtime, warn_at_startup
 from app.services.publishing import PublishError
 from app.services.secrets import HF_TOKEN, cipher
 from app.services import workers as registry
@@ -107,6 +109,9 @@ def _on_worker_ready(**_: object) -> None:
     _webhooks = WebhookDispatcher(settings, settings.worker_name)
     _webhooks.start()
     log.info("worker %s ready on %s with %d GPU(s)", settings.worker_name, HOST, len(gpus))
+    # The doctor's checks, off the start-up path: a warning names what this host lacks.
+    threading.Thread(target=warn_at_startup, args=(host_runtime(gpus),), daemon=True,
+                     name="doctor").start()
 
 
 @signals.worker_shutting_down.connect

@@ -6,10 +6,9 @@ import asyncio
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 
-from app.db import get_engine
 from app.errors import APIError, error_responses
+from app.services.reachability import ping_broker, ping_database
 
 router = APIRouter(tags=["service"])
 
@@ -19,22 +18,10 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def _check_database() -> None:
-    with get_engine().connect() as conn:
-        conn.execute(text("SELECT 1"))
-
-
-def _check_broker() -> None:
-    from workers.celery_app import get_celery
-
-    with get_celery().connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, timeout=2)
-
-
 @router.get("/readyz", responses=error_responses(503))
 async def readyz() -> dict[str, object]:
     checks = {}
-    for name, check in (("database", _check_database), ("broker", _check_broker)):
+    for name, check in (("database", ping_database), ("broker", ping_broker)):
         try:
             await asyncio.wait_for(asyncio.to_thread(check), timeout=5)
             checks[name] = "ok"

@@ -7,7 +7,7 @@ from datetime import datetime
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 
 from app.schemas.common import EventBase, Strict
 from app.schemas.verifiers import VerifierRef
@@ -50,6 +50,18 @@ class VerifierResources(Strict):
 class Resources(Strict):
     verifier: VerifierResources = Field(default_factory=VerifierResources)
     trainer_gpus: int = Field(1, ge=1, le=64)
+    share_verifier_gpus: bool = Field(False, description=(
+        "vllm runtime: the trainer runs on the verifier's GPUs (the first trainer_gpus of them) "
+        "instead of GPUs of its own, and the hidden-states server takes only part of their "
+        "memory. For a host with one GPU; the job then needs only the verifier's GPUs."))
+
+    @model_validator(mode="after")
+    def _trainer_fits_on_the_verifier(self) -> "Resources":
+        verifier = self.verifier.tensor_parallel_size * self.verifier.data_parallel_size
+        if self.share_verifier_gpus and self.trainer_gpus > verifier:
+            raise ValueError(f"share_verifier_gpus puts the trainer on the verifier's {verifier} "
+                             f"GPU(s): trainer_gpus must be at most {verifier}")
+        return self
 
 
 LAST_N = re.compile(r"^last:([1-9][0-9]{0,2})$")

@@ -62,7 +62,8 @@ def need(obj: Job | Deployment) -> Need:
     if isinstance(obj, Deployment):
         return Need("gpu", res["tensor_parallel_size"], 0)
     verifier = res["verifier"]["tensor_parallel_size"] * res["verifier"]["data_parallel_size"]
-    return Need("gpu", verifier, res["trainer_gpus"])
+    # Sharing the verifier's GPUs (one GPU, a memory split), the trainer needs none of its own.
+    return Need("gpu", verifier, 0 if res.get("share_verifier_gpus") else res["trainer_gpus"])
 
 
 def alive_workers(session: Session, settings: Settings) -> list[Worker]:

@@ -146,6 +146,7 @@ def stack_spec(stack: Stack, job_id: str) -> dict:
     ({"dataset": "missing.jsonl"}, "dataset_not_found", "dataset"),
     ({"publish": "no slash"}, "invalid_value", "publish"),
     ({"resources": {"trainer_gpus": 0}}, "invalid_value", "resources.trainer_gpus"),
+    ({"resources": {"trainer_gpus": 2, "share_verifier_gpus": True}}, "invalid_value", "resources"),
     ({"evaluate": {"prompts": 0}}, "invalid_value", "evaluate.prompts"),
     ({"evaluate": {"prompts": 513}}, "invalid_value", "evaluate.prompts"),
     ({"evaluate": {"max_tokens": 0}}, "invalid_value", "evaluate.max_tokens"),

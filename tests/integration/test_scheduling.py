@@ -10,12 +10,14 @@ from tests.integration.test_dispatch import pid_files, ts, wait_for
 from workers.supervisor import group_alive
 
 
-def gpu_job(body, seconds: str, tp: int, trainer: int, pid_dir: Path | None = None) -> dict:
+def gpu_job(body, seconds: str, tp: int, trainer: int, pid_dir: Path | None = None,
+            share: bool = False) -> dict:
     meta = {"test_seconds": seconds}
     if pid_dir:
         meta["test_pid_dir"] = str(pid_dir)
     return body(runtime="vllm", metadata=meta,
-                resources={"verifier": {"tensor_parallel_size": tp}, "trainer_gpus": trainer})
+                resources={"verifier": {"tensor_parallel_size": tp}, "trainer_gpus": trainer,
+                           "share_verifier_gpus": share})
 
 
 def running_window(api: Api, job_id: str) -> tuple:
@@ -227,3 +229,21 @@ def test_what_waits_for_a_cpu_slot_says_who_holds_it_once(api: Api, job_body, ma
     theirs = other.post("/api/jobs", json=job_body()).json()
     assert theirs["status_reason"] == ("waiting for a free training slot; another project's job is "
                                        "older and first in line")
+
+
+def test_a_one_gpu_worker_runs_a_job_whose_trainer_shares_the_verifiers_gpu(
+        pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+    """A job needs the verifier's GPUs plus the trainer's; with share_verifier_gpus (a memory
+    split) a host with one GPU runs it."""
+    pg_stack.start_worker("one-gpu", SPECDECK_WORKER_GPUS="0")
+    apart = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
+    assert apart["worker"] is None
+    assert apart["status_reason"] == ("waiting for 2 free GPUs on one worker: the largest worker "
+                                      "online has 1")
+    shared = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1,
+                                                   share=True)).json()
+    assert shared["worker"] == "one-gpu"
+    assert shared["allocation"] == {"verifier": [0], "trainer": []}
+    plan = pg_api.get(f"/api/jobs/{shared['id']}/plan").json()
+    assert plan["gpus"] == {"verifier": [0], "trainer": [0]}
+    assert pg_api.wait_status(shared["id"], {"succeeded", "failed"}, timeout=60)["status"] == "succeeded"

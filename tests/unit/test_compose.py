@@ -1,6 +1,7 @@
 """docker-compose.yml and the Dockerfile cannot run here (no Docker engine): parse them and
-check that they run the same entry points as the Makefile, the CLI and the tests, and that the
-image carries the dashboard where the API looks for it."""
+check that they run the same entry points as the Makefile, the CLI and the tests, that each
+image installs what its role needs (vLLM at the pin for the GPU worker, no torch for the API),
+and that the API image carries the dashboard where the API looks for it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import sys
+import tomllib
+
 import yaml
+from packaging.requirements import Requirement
 
 from app.cli import API_COMMAND, MIGRATE_COMMAND, WORKER_COMMAND, build_parser
 
@@ -18,19 +23,29 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
+SPECDECK_SERVICES = ("api", "worker", "worker-cpu")
+
+
 def commands(service: str) -> list[list[str]]:
-    """The specdeck invocations in a service's command (``sh -c "a && exec b"`` included)."""
-    command = COMPOSE["services"][service]["command"]
-    if command[:2] == ["sh", "-c"]:
-        parts = re.split(r"&&|;", command[2])
-        return [[w for w in shlex.split(p) if w != "exec"] for p in parts]
-    return [command]
+    """The specdeck invocations in a service's command and healthcheck (``sh -c "a && exec b"``
+    included)."""
+    found = []
+    definition = COMPOSE["services"][service]
+    for command in (definition["command"], definition.get("healthcheck", {}).get("test", [])):
+        if command[:1] == ["CMD"]:
+            command = command[1:]
+        if command[:2] == ["sh", "-c"]:
+            parts = re.split(r"&&|;", command[2])
+            found += [[w for w in shlex.split(p) if w != "exec"] for p in parts]
+        elif command[:1] == ["specdeck"]:
+            found.append(command)
+    return found
 
 
 def test_services_and_healthchecks() -> None:
     services = COMPOSE["services"]
-    assert set(services) >= {"postgres", "redis", "api", "worker"}
-    for name in ("postgres", "redis", "api"):
+    assert set(services) >= {"postgres", "redis", *SPECDECK_SERVICES}
+    for name in ("postgres", "redis", *SPECDECK_SERVICES):
         assert services[name]["healthcheck"]["test"], name
     assert services["api"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["api"]["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -39,7 +54,7 @@ def test_services_and_healthchecks() -> None:
 
 
 def test_both_backends_are_switched_by_environment() -> None:
-    for name in ("api", "worker"):
+    for name in SPECDECK_SERVICES:
         env = COMPOSE["services"][name]["environment"]
         assert env["SPECDECK_DATABASE_URL"].startswith("postgresql+psycopg://")
         assert env["SPECDECK_BROKER_URL"].startswith("redis://")
@@ -52,16 +67,33 @@ def test_api_migrates_before_it_starts() -> None:
     assert api[1][:2] == API_COMMAND
 
 
-def test_worker_runs_the_worker_entry_point() -> None:
-    assert commands("worker") == [WORKER_COMMAND]
+def test_workers_run_the_worker_entry_point_and_the_doctor_for_their_runtime() -> None:
+    for service, runtime in (("worker", "vllm"), ("worker-cpu", "local")):
+        assert commands(service) == [WORKER_COMMAND, ["specdeck", "doctor", "--runtime", runtime]]
 
 
 def test_every_compose_command_parses_with_the_real_cli() -> None:
     parser = build_parser()
-    for service in ("api", "worker"):
+    for service in SPECDECK_SERVICES:
         for argv in commands(service):
             assert argv[0] == "specdeck"
             parser.parse_args(argv[1:])  # exits (fails the test) on an unknown command or flag
+
+
+def test_each_worker_has_its_profile_and_image() -> None:
+    """`docker compose --profile cpu up` is the whole stack on a laptop: the CPU worker and not
+    the GPU one (whose GPU reservation fails on a host without NVIDIA's runtime)."""
+    services = COMPOSE["services"]
+    gpu, cpu = services["worker"], services["worker-cpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["target"] == "worker-gpu"
+    assert cpu["profiles"] == ["cpu"] and cpu["build"]["target"] == "worker-cpu"
+    assert "deploy" not in cpu
+    assert services["api"]["build"]["target"] == "api"
+    for name in ("postgres", "redis", "api"):  # in every profile
+        assert "profiles" not in services[name]
+    for service in services.values():  # every target built exists in the Dockerfile
+        if "build" in service:
+            assert service["build"]["target"] in stages_by_name()
 
 
 def test_the_makefile_uses_the_same_cli() -> None:
@@ -74,7 +106,8 @@ def test_the_makefile_uses_the_same_cli() -> None:
 def dockerfile_stages() -> list[list[tuple[str, str]]]:
     """The Dockerfile's stages, each a list of (INSTRUCTION, arguments)."""
     stages: list[list[tuple[str, str]]] = []
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())  # continued lines joined
+    for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             instruction, _, arguments = line.strip().partition(" ")
             if instruction.upper() == "FROM":
@@ -83,8 +116,79 @@ def dockerfile_stages() -> list[list[tuple[str, str]]]:
     return stages
 
 
+def stages_by_name() -> dict[str, list[tuple[str, str]]]:
+    return {stage[0][1].partition(" AS ")[2]: stage for stage in dockerfile_stages()}
+
+
+def runs(stage: str) -> str:
+    """Every RUN of a stage and of the stages it is built FROM, in order."""
+    stages = stages_by_name()
+    base = stages[stage][0][1].partition(" AS ")[0]
+    own = " && ".join(arguments for instruction, arguments in stages[stage] if instruction == "RUN")
+    return (runs(base) + " && " if base in stages else "") + own
+
+
+def pinned(path: str) -> dict[str, str]:
+    """The exact pins (``name==version``) of a requirements file."""
+    found = {}
+    for line in (ROOT / path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            found[requirement.name] = str(requirement.specifier)
+    return found
+
+
+def test_the_gpu_worker_installs_vllm_speculators_and_specdeck_at_the_pins() -> None:
+    """The pins live in requirements/ only: the image installs the files, never a version."""
+    assert re.fullmatch(r"==0\.33\.\d+", pinned("requirements/gpu.txt")["vllm"])
+    assert pinned("requirements/speculators.txt") == {"speculators": "==0.9.0",
+                                                       "hs-connectors": "==0.9.0"}
+    installs = runs("worker-gpu")
+    assert "pip install --no-cache-dir -r requirements/gpu.txt" in installs
+    assert "--no-deps -r requirements/speculators.txt" in installs
+    assert "-e '.[local]'" in installs
+    assert not re.search(r"(vllm|speculators|hs-connectors|torch)[=<>~]=\d", installs)
+    # speculators' dependencies are held to vLLM's stack; local.txt's CPU torch is left out.
+    assert "grep -v '^torch==' requirements/local.txt" in installs
+
+
+def test_the_cpu_worker_is_the_local_runtime_as_make_install_sets_it_up() -> None:
+    assert "make install PIP_TORCH_ARGS=\"--index-url https://download.pytorch.org/whl/cpu\"" in (
+        runs("worker-cpu"))
+
+
+def test_the_api_image_installs_no_torch() -> None:
+    installs = runs("api")
+    assert "make install" not in installs and "torch" not in installs
+    assert "[local" not in installs and "-e ." in installs
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    heavy = {"torch", "transformers", "datasets", "safetensors", "tokenizers", "speculators",
+             "vllm"}
+    assert not heavy & {Requirement(r).name for r in project["dependencies"]}
+
+
+def test_the_api_imports_no_torch() -> None:
+    """The API image has no torch or transformers: the app, its routes and its OpenAPI document
+    must build with them absent (here they are installed, so a finder refuses them)."""
+    script = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "transformers", "datasets", "safetensors",
+                                  "tokenizers", "speculators", "vllm"}:
+            raise ImportError(f"{name} is not in the api image")
+sys.meta_path.insert(0, Refuse())
+from app.main import create_app
+assert create_app().openapi()["paths"]
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, capture_output=True,
+                   env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+
+
 def test_the_image_builds_the_dashboard_in_a_node_stage() -> None:
-    node, final = dockerfile_stages()
+    stages = stages_by_name()
+    node, final = stages["dashboard"], stages["api"]
     image, _, name = node[0][1].partition(" AS ")
     version = re.fullmatch(r"node:(\d+)-slim", image)
     assert version and int(version[1]) >= 20
@@ -98,16 +202,19 @@ def test_the_image_builds_the_dashboard_in_a_node_stage() -> None:
     from app.settings import REPOSITORY, Settings
 
     default = Settings.model_fields["dashboard_dir"].default
-    app_dir = Path(next(arguments for instruction, arguments in final if instruction == "WORKDIR"))
-    assert ["app", "./app"] in copies
+    source_stage = stages["source"]
+    app_dir = Path(next(arguments for instruction, arguments in source_stage
+                        if instruction == "WORKDIR"))
+    assert ["app", "./app"] in [arguments.split() for instruction, arguments in source_stage
+                                if instruction == "COPY"]
     assert app_dir / target == app_dir / default.relative_to(REPOSITORY)
 
 
 def test_the_node_stage_leaves_a_dist_folder_with_no_frontend_to_build(tmp_path: Path) -> None:
     """COPY --from fails on a folder that is not there: with no package.json yet, the stage's
     RUN (run here by sh, in a copy of frontend/) still leaves an empty dist/."""
-    node, _ = dockerfile_stages()
-    (build,) = [arguments for instruction, arguments in node if instruction == "RUN"]
+    (build,) = [arguments for instruction, arguments in stages_by_name()["dashboard"]
+                if instruction == "RUN"]
     frontend = tmp_path / "frontend"
     shutil.copytree(ROOT / "frontend", frontend, ignore=shutil.ignore_patterns(
         "package.json", "node_modules", "dist"))

@@ -102,6 +102,31 @@ def test_verifier_and_trainer_gpus_never_overlap(tp: int, dp: int, trainer_gpus:
     assert f"--nproc_per_node={trainer_gpus}" in plan.stage("training").argv
 
 
+def test_one_gpu_shared_by_the_verifier_and_the_trainer_splits_its_memory() -> None:
+    """resources.share_verifier_gpus: the trainer runs on the verifier's first GPUs (the
+    scheduler gave it none of its own) and the hidden-states server leaves it room."""
+    shared = spec(resources={"verifier": {"tensor_parallel_size": 2, "data_parallel_size": 1},
+                             "trainer_gpus": 1, "share_verifier_gpus": True})
+    plan = build_plan(shared, PATHS, port=1, gpus=([3, 5], []))
+    server, trainer = plan.stage("starting_verifier"), plan.stage("training")
+    assert server.env["CUDA_VISIBLE_DEVICES"] == "3,5" and trainer.env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "--nproc_per_node=1" in trainer.argv and plan.trainer_gpus == [3]
+    assert float(flag(server.argv, "--gpu-memory-utilization")) < 0.5
+    assert float(flag(build_plan(SPEC, PATHS, port=1).stage("starting_verifier").argv,
+                      "--gpu-memory-utilization")) > 0.5
+
+
+def test_a_shared_trainer_cannot_have_more_gpus_than_the_verifier() -> None:
+    from pydantic import ValidationError
+
+    from app.schemas.jobs import Resources
+
+    assert Resources(trainer_gpus=2, share_verifier_gpus=True,
+                     verifier={"tensor_parallel_size": 2}).trainer_gpus == 2
+    with pytest.raises(ValidationError, match="trainer_gpus must be at most 1"):
+        Resources(trainer_gpus=2, share_verifier_gpus=True)
+
+
 def test_explicit_gpu_assignment_is_used() -> None:
     plan = build_plan(SPEC, PATHS, port=1, gpus=([4, 5], [6, 7]))
     assert plan.stage("starting_verifier").env["CUDA_VISIBLE_DEVICES"] == "4,5"

@@ -81,10 +81,18 @@ def cuda_env(gpus: list[int]) -> dict[str, str]:
 
 
 def default_gpus(spec: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """Verifier GPUs first, then trainer GPUs: disjoint by construction."""
+    """Verifier GPUs first, then trainer GPUs: disjoint by construction (the scheduler
+    allocates them the same way)."""
     res = spec["resources"]
     n_verifier = res["verifier"]["tensor_parallel_size"] * res["verifier"]["data_parallel_size"]
     return list(range(n_verifier)), list(range(n_verifier, n_verifier + res["trainer_gpus"]))
+
+
+def trainer_gpus(spec: dict[str, Any], verifier: list[int], trainer: list[int]) -> list[int]:
+    """The trainer's GPUs: its own, or with ``share_verifier_gpus`` the first ``trainer_gpus``
+    of the verifier's (the scheduler allocated it none)."""
+    res = spec["resources"]
+    return verifier[:res["trainer_gpus"]] if res.get("share_verifier_gpus") else trainer
 
 
 def data_settings(spec: dict[str, Any]) -> dict[str, Any]:

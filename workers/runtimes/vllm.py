@@ -19,13 +19,18 @@ from workers.runtimes import (
     server_layer_ids,
     speculative_config,
     trainer_args,
+    trainer_gpus,
 )
 
+# The share of each GPU's memory the hidden-states server asks for: most of it on GPUs of its
+# own, less than half when the trainer shares them (resources.share_verifier_gpus).
 GPU_MEMORY_UTILIZATION = "0.85"
+SHARED_GPU_MEMORY_UTILIZATION = "0.45"
 
 
 def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str) -> list[str]:
     res = spec["resources"]["verifier"]
+    shared = spec["resources"].get("share_verifier_gpus")
     speculative_config = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -44,7 +49,8 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str)
         "--port", str(port),
         "--tensor-parallel-size", str(res["tensor_parallel_size"]),
         "--data-parallel-size", str(res["data_parallel_size"]),
-        "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION,
+        "--gpu-memory-utilization",
+        SHARED_GPU_MEMORY_UTILIZATION if shared else GPU_MEMORY_UTILIZATION,
         "--speculative-config", json.dumps(speculative_config),
         "--kv-transfer-config", json.dumps(kv_transfer_config),
     ]
@@ -52,7 +58,8 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str)
 
 def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
           gpus: tuple[list[int], list[int]] | None) -> Plan:
-    verifier_gpus, trainer_gpus = gpus or default_gpus(spec)
+    verifier_gpus, own_gpus = gpus or default_gpus(spec)
+    trainer = trainer_gpus(spec, verifier_gpus, own_gpus)
     port_text = str(port) if port else "<port>"
     endpoint = f"http://127.0.0.1:{port_text}"
     stages = [
@@ -66,13 +73,13 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
         stages.append(StageCommand("preparing_data", "speculators generate-offline-data",
                                    generate_offline_argv(spec, paths, endpoint), cuda_env([])))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={len(trainer_gpus)}", "-m", "speculators.train"]
+                f"--nproc_per_node={len(trainer)}", "-m", "speculators.train"]
     stages.append(StageCommand("training", "speculators trainer under torchrun",
                                launcher + trainer_args(spec, paths, endpoint),
-                               {**cuda_env(trainer_gpus), "COLUMNS": "1000"}, trainer_gpus))
+                               {**cuda_env(trainer), "COLUMNS": "1000"}, trainer))
     return Plan(runtime="vllm", server_layer_ids=server_layer_ids(spec),
                 trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
-                verifier_gpus=verifier_gpus, trainer_gpus=trainer_gpus, stages=stages)
+                verifier_gpus=verifier_gpus, trainer_gpus=trainer, stages=stages)
 
 
 def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,

@@ -1897,6 +1897,12 @@ export interface components {
              * @default 1
              */
             trainer_gpus: number;
+            /**
+             * Share Verifier Gpus
+             * @description vllm runtime: the trainer runs on the verifier's GPUs (the first trainer_gpus of them) instead of GPUs of its own, and the hidden-states server takes only part of their memory. For a host with one GPU; the job then needs only the verifier's GPUs.
+             * @default false
+             */
+            share_verifier_gpus: boolean;
         };
         /**
          * RetrainRequest

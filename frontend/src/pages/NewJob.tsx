@@ -339,6 +339,15 @@ export default function NewJob() {
                 {numberField("dataParallel")}
               </div>
               {numberField("trainerGpus")}
+              <label className="check">
+                <input
+                  type="checkbox"
+                  id={fieldId(P.shareGpus)}
+                  checked={form.shareGpus}
+                  onChange={(e) => update("shareGpus", e.target.checked)}
+                />
+                Trainer shares the verifier's GPUs (a host with one GPU)
+              </label>
             </fieldset>
 
             <fieldset className="card">

@@ -26,6 +26,7 @@ export interface JobForm {
   tensorParallel: string;
   dataParallel: string;
   trainerGpus: string;
+  shareGpus: boolean;
   evaluate: boolean;
   evalPrompts: string;
   evalMaxTokens: string;
@@ -54,6 +55,7 @@ export const DEFAULTS: JobForm = {
   tensorParallel: "1",
   dataParallel: "1",
   trainerGpus: "1",
+  shareGpus: false,
   evaluate: true,
   evalPrompts: "8",
   evalMaxTokens: "64",
@@ -144,6 +146,7 @@ export const P = {
   scheduler: "speculator.scheduler",
   mode: "mode",
   runtime: "runtime",
+  shareGpus: "resources.share_verifier_gpus",
   evaluate: "evaluate",
   gate: "gate",
   gateBeatNgram: "gate.beat_ngram",
@@ -252,6 +255,7 @@ export function buildBody(form: JobForm): JobCreate {
         data_parallel_size: num(form, "dataParallel"),
       },
       trainer_gpus: num(form, "trainerGpus"),
+      share_verifier_gpus: form.shareGpus,
     },
     evaluate: form.evaluate
       ? {
