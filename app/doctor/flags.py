@@ -4,7 +4,7 @@ serve``, speculators' trainer and its data commands) exists in the installed ver
 What a program accepts is an ``ArgumentSet``: its option strings, and for the options that take
 a JSON config (``--speculative-config``, ``--kv-transfer-config``) that config class's keys and
 the accepted values of its enumerated keys (``method``). One comes from the installed program's
-own parser and config classes (``installed_argument_set``; vLLM and speculators are imported
+own parser and config classes (``installed_argument_sets``; vLLM and speculators are imported
 only then), or from a recorded result (``ArgumentSet.from_json``: scripts/check-vllm-cli.sh
 records vLLM's and speculators' under tests/data/vllm_cli/). The same comparison
 (``command_problems``) runs against either, on the command lines the runtimes' own builders make
@@ -32,9 +32,6 @@ SPECULATORS_COMMANDS = ("prepare-data", "generate-offline-data", "regenerate-res
 # Modules that run speculators' trainer with its own argument resolver: the local runtime's
 # launcher patches devices and then calls ``TrainConfig.resolve`` on its argv unchanged.
 TRAINER_MODULES = ("speculators.train", "workers.runtimes.local.train")
-# The options whose value is a JSON config, with the config keys whose values are enumerated.
-JSON_OPTIONS = {"--speculative-config": ("method",),
-                "--kv-transfer-config": ("kv_connector", "kv_role")}
 
 
 @dataclass(frozen=True)
@@ -335,7 +332,8 @@ def check_commands(commands: Mapping[str, Sequence[str]],
         problems = command_problems(args, accepted)
         flags = sorted({t.partition("=")[0] for t in args if t.startswith("--")})
         rows.append(Check("flags", name, not problems, "; ".join(problems) or
-                          f"{len(flags)} flags known to {accepted.package} {accepted.version}"))
+                          f"every flag known to {accepted.package} {accepted.version} "
+                          f"({len(flags)})"))
     return rows
 
 
