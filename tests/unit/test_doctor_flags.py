@@ -1,0 +1,137 @@
+"""The doctor's flag check (app/doctor/flags.py) against the vLLM and speculators argument sets
+recorded with their own parsers (tests/data/vllm_cli/), and live against the speculators this
+venv has."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from app.doctor.flags import (
+    SPECULATORS_TRAIN,
+    VLLM_SERVE,
+    ArgumentSet,
+    Unavailable,
+    check_commands,
+    flag_checks,
+    program_of,
+    representative_job,
+    specdeck_commands,
+)
+from tests.support.vllm_cli_record import ROOT, argument_sets, record
+
+
+def recorded() -> dict[str, dict[str, ArgumentSet]]:
+    """The recorded sets as the doctor reads installed ones: by package, then program."""
+    by_package: dict[str, dict[str, ArgumentSet]] = {}
+    for program, accepted in argument_sets().items():
+        by_package.setdefault(accepted.package, {})[program] = accepted
+    return by_package
+
+
+def without(package_sets: dict[str, ArgumentSet], program: str, option: str
+            ) -> dict[str, ArgumentSet]:
+    accepted = package_sets[program]
+    return {**package_sets, program: dataclasses.replace(accepted,
+                                                         options=accepted.options - {option})}
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "local"])
+def test_every_command_passes_against_the_recorded_versions(runtime: str) -> None:
+    commands = specdeck_commands(representative_job(runtime))
+    rows = check_commands(commands, recorded())
+    outside = {name for name, argv in commands.items() if program_of(argv) is not None}
+    assert {row.name for row in rows} == outside
+    assert all(row.group == "flags" and row.ok is True and row.required for row in rows), rows
+    versions = record()["versions"]
+    assert any(f"vllm {versions['vllm']}" in row.detail for row in rows) == (runtime == "vllm")
+
+
+def test_the_local_runtime_checks_no_vllm_command() -> None:
+    """The local runtime runs SpecDeck's own server and engine, and speculators: a CPU host
+    needs no vLLM."""
+    commands = specdeck_commands(representative_job("local"))
+    programs = {program_of(argv)[0] for argv in commands.values() if program_of(argv)}
+    assert programs == {SPECULATORS_TRAIN, "speculators prepare-data",
+                        "speculators generate-offline-data", "speculators regenerate-responses"}
+
+
+def test_a_flag_the_installed_version_lacks_fails_its_rows() -> None:
+    sets = recorded()
+    sets["vllm"] = without(sets["vllm"], VLLM_SERVE, "--per-request-spec-decode-metrics")
+    sets["speculators"] = without(sets["speculators"], SPECULATORS_TRAIN, "--max-anchors")
+    rows = {row.name: row for row in check_commands(
+        specdeck_commands(representative_job("vllm")), sets)}
+    failed = {name for name, row in rows.items() if row.ok is False}
+    assert failed == {
+        "serving: vLLM with the DFlash drafter, evaluating the trained drafter",
+        "serving: vLLM with n-gram (prompt lookup) drafting, the n-gram (prompt lookup) baseline",
+        "training: speculators trainer under torchrun",
+        "training: warm start",
+    }
+    assert "--per-request-spec-decode-metrics is not an option of vllm serve" in rows[
+        "serving: vLLM with the DFlash drafter, evaluating the trained drafter"].detail
+    assert "--max-anchors" in rows["training: warm start"].detail
+
+
+def test_a_speculative_method_the_installed_vllm_lacks_fails() -> None:
+    sets = recorded()
+    accepted = sets["vllm"][VLLM_SERVE]
+    option = accepted.json_options["--speculative-config"]
+    methods = option.choices["method"] - {"dflash"}
+    sets["vllm"] = {VLLM_SERVE: dataclasses.replace(accepted, json_options={
+        **accepted.json_options,
+        "--speculative-config": dataclasses.replace(option, choices={"method": methods})})}
+    rows = check_commands(specdeck_commands(representative_job("vllm")), sets)
+    failed = [row for row in rows if row.ok is False]
+    assert {row.name for row in failed} == {
+        "serving: vLLM with the DFlash drafter, evaluating the trained drafter",
+        "model card: vllm serve"}
+    assert all("method='dflash'" in row.detail for row in failed)
+
+
+@pytest.mark.parametrize(("unavailable", "ok"), [
+    (Unavailable("vllm is not installed", installed=False), None),
+    (Unavailable("vllm's parsers could not be read: ImportError: x", installed=True), False),
+])
+def test_a_package_that_cannot_be_read_gives_its_reason(unavailable: Unavailable,
+                                                        ok: bool | None) -> None:
+    sets = {**recorded(), "vllm": unavailable}
+    rows = check_commands(specdeck_commands(representative_job("vllm")), sets)
+    vllm_rows = [row for row in rows if row.detail == unavailable.reason]
+    assert vllm_rows and all(row.ok is ok and row.required for row in vllm_rows)
+    assert all(row.ok is True for row in rows if row not in vllm_rows)
+
+
+def test_a_missing_speculators_command_is_reported() -> None:
+    sets = recorded()
+    sets["speculators"] = {k: v for k, v in sets["speculators"].items()
+                           if k != "speculators generate-offline-data"}
+    rows = check_commands(specdeck_commands(representative_job("vllm")), sets)
+    row = next(r for r in rows if r.name == "preparing_data: speculators generate-offline-data")
+    assert row.ok is False and "does not exist" in row.detail
+
+
+def test_live_check_reads_the_installed_parsers() -> None:
+    """The speculators rows pass against the installed speculators' own parsers; where vLLM is
+    not installed (a CPU host) its rows say so and are neither passed nor failed."""
+    rows = {row.name: row for row in flag_checks("vllm")}
+    vllm_rows = {name for name, argv in specdeck_commands(representative_job("vllm")).items()
+                 if program_of(argv) and program_of(argv)[0] == VLLM_SERVE}
+    vllm_ok = None if importlib.util.find_spec("vllm") is None else True
+    assert vllm_rows and all(rows[name].ok is vllm_ok for name in vllm_rows)
+    if vllm_ok is None:
+        assert all(rows[name].detail == "vllm is not installed" for name in vllm_rows)
+    assert all(row.ok is True for name, row in rows.items() if name not in vllm_rows), rows
+
+
+def test_importing_the_check_imports_neither_vllm_nor_speculators() -> None:
+    code = ("import sys, app.doctor.flags; "
+            "print(sorted(m for m in ('vllm', 'speculators', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
