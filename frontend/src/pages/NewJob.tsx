@@ -141,6 +141,20 @@ export default function NewJob() {
     );
   }
 
+  function checkField(key: "shareGpus" | "gateBeatNgram", param: string, label: string) {
+    return (
+      <label className="check">
+        <input
+          type="checkbox"
+          id={fieldId(param)}
+          checked={form[key]}
+          onChange={(e) => update(key, e.target.checked)}
+        />
+        {label}
+      </label>
+    );
+  }
+
   function selectField<K extends "scheduler" | "mode" | "runtime" | "gate">(
     key: K,
     label: string,
@@ -339,15 +353,7 @@ export default function NewJob() {
                 {numberField("dataParallel")}
               </div>
               {numberField("trainerGpus")}
-              <label className="check">
-                <input
-                  type="checkbox"
-                  id={fieldId(P.shareGpus)}
-                  checked={form.shareGpus}
-                  onChange={(e) => update("shareGpus", e.target.checked)}
-                />
-                Trainer shares the verifier's GPUs (a host with one GPU)
-              </label>
+              {checkField("shareGpus", P.shareGpus, "Trainer shares the verifier's GPUs (a host with one GPU)")}
             </fieldset>
 
             <fieldset className="card">
@@ -389,15 +395,7 @@ export default function NewJob() {
                     {numberField("gateMinAL", "Optional, 1–65")}
                     {numberField("gateMinSpeedup", "Optional, above 0")}
                   </div>
-                  <label className="check">
-                    <input
-                      type="checkbox"
-                      id={fieldId(P.gateBeatNgram)}
-                      checked={form.gateBeatNgram}
-                      onChange={(e) => update("gateBeatNgram", e.target.checked)}
-                    />
-                    Must beat n-gram drafting
-                  </label>
+                  {checkField("gateBeatNgram", P.gateBeatNgram, "Must beat n-gram drafting")}
                 </>
               )}
               <Field
