@@ -9,7 +9,7 @@ import { ErrorNote, Loading } from "../../components/states";
 import { AXIS, ChartCard, DOT, colorAt, tooltipNumber } from "../job/ChartCard";
 import { num } from "../job/model";
 import { DriftAlert } from "./DriftAlert";
-import { HISTORY_MS, runsOf, useLiveSeries, type Run } from "./live";
+import { HISTORY_MS, runsOf, useLiveSeries, type Row, type Run } from "./live";
 
 const EVALUATED = "#2b8a3e";
 const ALERT = "#c92a2a";
@@ -34,14 +34,14 @@ function WindowStats({ window }: { window: LiveWindow }) {
   );
 }
 
-function Chart({ runs, window }: { runs: Run[]; window: LiveWindow }) {
+function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveWindow }) {
   const keys = [...new Set(runs.map((r) => r.key))];
   const color = (key: string) => colorAt(keys.indexOf(key));
   const evaluated = window.evaluated_acceptance_length;
   const alertBelow = window.alert_below;
   const top = (max: number) => Math.ceil(Math.max(max, evaluated ?? 0) + 0.25);
   return (
-    <LineChart margin={{ top: 8, right: 12, bottom: 4, left: 0 }}>
+    <LineChart data={rows} margin={{ top: 8, right: 12, bottom: 4, left: 0 }}>
       <CartesianGrid stroke="#eef1f5" />
       <XAxis
         dataKey="t"
@@ -70,11 +70,10 @@ function Chart({ runs, window }: { runs: Run[]; window: LiveWindow }) {
           label={{ value: `alert below ${num(alertBelow, 2)}`, position: "insideBottomRight", fontSize: 11, fill: ALERT }}
         />
       )}
-      {runs.map((run, i) => (
+      {runs.map((run) => (
         <Line
-          key={`${run.key}-${i}`}
-          data={run.points}
-          dataKey="al"
+          key={run.dataKey}
+          dataKey={run.dataKey}
           name={short(run.key)}
           legendType={run.first ? "line" : "none"}
           stroke={color(run.key)}
@@ -94,7 +93,7 @@ export function LiveAcceptance({ deployment }: { deployment: Deployment }) {
   else if (!series.data) body = <ErrorNote error={series.error} retry={() => series.refetch()} />;
   else {
     const { points, window } = series.data;
-    const runs = runsOf(points);
+    const { runs, rows } = runsOf(points);
     body = (
       <>
         <DriftAlert deployment={deployment} />
@@ -122,7 +121,7 @@ export function LiveAcceptance({ deployment }: { deployment: Deployment }) {
           }
           height={260}
         >
-          <Chart runs={runs} window={window} />
+          <Chart runs={runs} rows={rows} window={window} />
         </ChartCard>
       </>
     );

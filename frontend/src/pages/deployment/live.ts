@@ -57,27 +57,29 @@ export function useLiveSeries(deployment: Deployment) {
 export interface Run {
   key: string; // the checkpoint id, or the drafter for one that is not a checkpoint
   first: boolean; // the key's first run (the one the legend names)
-  points: { t: number; al: number }[];
+  dataKey: string; // its column in the rows: "r0", "r1", ...
 }
 
-export function drafterLabel(point: Pick<LivePoint, "checkpoint_id" | "drafter">): string {
-  return point.checkpoint_id ?? point.drafter;
-}
+/** The chart's rows: the time and the acceptance length in the column of the run it belongs to. */
+export type Row = { t: number } & Record<string, number>;
 
-/** The points with an acceptance length, split wherever the drafter changes. */
-export function runsOf(points: LivePoint[]): Run[] {
+const drafterOf = (p: Pick<LivePoint, "checkpoint_id" | "drafter">) => p.checkpoint_id ?? p.drafter;
+
+/** The points with an acceptance length (some intervals drafted nothing), split into runs. */
+export function runsOf(points: LivePoint[]): { runs: Run[]; rows: Row[] } {
   const runs: Run[] = [];
+  const rows: Row[] = [];
   const seen = new Set<string>();
   for (const p of points) {
-    if (p.acceptance_length == null) continue; // nothing drafted in that interval
-    const key = drafterLabel(p);
+    if (p.acceptance_length == null) continue;
+    const key = drafterOf(p);
     let run = runs[runs.length - 1];
     if (!run || run.key !== key) {
-      run = { key, first: !seen.has(key), points: [] };
+      run = { key, first: !seen.has(key), dataKey: `r${runs.length}` };
       seen.add(key);
       runs.push(run);
     }
-    run.points.push({ t: Date.parse(p.created_at), al: p.acceptance_length });
+    rows.push({ t: Date.parse(p.created_at), [run.dataKey]: p.acceptance_length } as Row);
   }
-  return runs;
+  return { runs, rows };
 }
