@@ -182,11 +182,11 @@ test.describe.serial("the demo flow", () => {
       await expect(page.getByLabel("Retention (days)", { exact: true })).toHaveValue("30");
       const sampleRate = page.getByLabel("Sample rate", { exact: true });
       await expect(sampleRate).toHaveValue("0.1");
+      await screenshotSizes(page, page.getByRole("form", { name: "New deployment" }), "new-deployment-capture");
       await sampleRate.fill("1.5");
       await page.getByRole("button", { name: "Create deployment" }).click();
       await expect(sampleRate).toHaveAttribute("aria-invalid", "true");
       await sampleRate.fill("1"); // every request, so that the chat below is captured
-      await screenshotSizes(page, page.getByRole("form", { name: "New deployment" }), "new-deployment-capture");
       await page.getByRole("button", { name: "Create deployment" }).click();
       await expect(page).toHaveURL(/\/deployments\/dep_[0-9a-f]+$/, { timeout: 30_000 });
       deploymentId = new URL(page.url()).pathname.split("/").pop()!;
@@ -202,6 +202,8 @@ test.describe.serial("the demo flow", () => {
       const answer = page.getByRole("log", { name: "Answer" });
       await expect(answer).not.toBeEmpty({ timeout: 2 * 60_000 });
       await expect(page.getByText(/TTFT/)).toBeVisible({ timeout: 2 * 60_000 });
+      // Finished, not cut short by leaving the page: a reply cut short is not captured.
+      await expect(page.getByRole("button", { name: "Stop" })).toHaveCount(0, { timeout: 2 * 60_000 });
     });
   });
 
@@ -212,6 +214,15 @@ test.describe.serial("the demo flow", () => {
     const rows = promotions.getByRole("table", { name: "Promotions" }).getByRole("row"); // newest first
     const summary = page.getByRole("region", { name: "Deployment", exact: true });
     let other = ""; // the checkpoint promoted to
+
+    /** A chat request through the gateway, as any OpenAI client sends one. */
+    async function chat(content: string): Promise<void> {
+      const reply = await page.request.post("/v1/chat/completions", {
+        headers: { Authorization: `Bearer ${env("SPECDECK_KEY")}` },
+        data: { model: DEPLOYMENT_NAME, messages: [{ role: "user", content }], max_tokens: 24 },
+      });
+      expect(reply.status()).toBe(200);
+    }
 
     await test.step("9. the chat is captured, and the live acceptance chart has points", async () => {
       await page.goto(`/deployments/${deploymentId}`);
@@ -249,11 +260,7 @@ test.describe.serial("the demo flow", () => {
       await expect(rows.nth(1)).toContainText(/succeeded/, { timeout: 3 * 60_000 });
       await expect(summary).toContainText(other);
       // A request served by the new drafter: its own line on the chart.
-      const reply = await page.request.post("/v1/chat/completions", {
-        headers: { Authorization: `Bearer ${env("SPECDECK_KEY")}` },
-        data: { model: DEPLOYMENT_NAME, messages: [{ role: "user", content: "Hello there!" }], max_tokens: 24 },
-      });
-      expect(reply.status()).toBe(200);
+      await chat("Hello there!");
       await expect(live.locator(".recharts-legend-item")).toHaveCount(2, { timeout: 60_000 });
       await expect(capture).toContainText(/Rows\s*2 of 100,000/);
     });
@@ -264,6 +271,13 @@ test.describe.serial("the demo flow", () => {
       await expect(rows.nth(1)).toContainText("rollback");
       await expect(rows.nth(1)).toContainText(/succeeded/, { timeout: 3 * 60_000 });
       await expect(summary).not.toContainText(other);
+      // Served again, the evaluated drafter is held against its served evaluation and the alert's threshold.
+      await chat("What is a lighthouse for?");
+      await expect(live.locator(".stat").filter({ hasText: "Evaluated acceptance length" }).locator(".value")).toHaveText(
+        /^\d/,
+        { timeout: 60_000 },
+      );
+      await expect(live.locator(".recharts-reference-line")).toHaveCount(2);
       await screenshotSizes(page, page.locator(".deployment-detail"), "deployment-flywheel");
     });
   });

@@ -18,7 +18,13 @@ const ALERT = "#c92a2a";
 const short = (key: string) => (/^ckpt_[0-9a-f]{24}$/.test(key) ? `ckpt_…${key.slice(-6)}` : key);
 /** 600 → "10 min", 21600 → "6 h". */
 const span = (s: number) => (s % 3600 === 0 ? `${s / 3600} h` : s % 60 === 0 ? `${s / 60} min` : `${num(s, 0)} s`);
-const clock = (t: number) => new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+/** Times on the axis: with seconds when the chart spans less than ten minutes. */
+function clockFor(rows: Row[]): (t: number) => string {
+  const span = rows.length ? rows[rows.length - 1].t - rows[0].t : 0;
+  const options: Intl.DateTimeFormatOptions =
+    span < 600_000 ? { hour: "2-digit", minute: "2-digit", second: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+  return (t) => new Date(t).toLocaleTimeString([], options);
+}
 
 function WindowStats({ window }: { window: LiveWindow }) {
   const rate = window.draft_acceptance_rate;
@@ -49,7 +55,7 @@ function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveW
         scale="time"
         domain={["dataMin", "dataMax"]}
         tick={AXIS}
-        tickFormatter={clock}
+        tickFormatter={clockFor(rows)}
       />
       <YAxis tick={AXIS} width={40} domain={[1, top]} allowDecimals />
       <Tooltip formatter={tooltipNumber} labelFormatter={(t) => new Date(Number(t)).toLocaleString()} />
@@ -98,15 +104,15 @@ export function LiveAcceptance({ deployment }: { deployment: Deployment }) {
       <>
         <DriftAlert deployment={deployment} />
         <p className="hint">
-          The last {span(window.seconds)} of the drafter serving now
-          {window.drafter && (
-            <>
-              {" "}
-              (<span className="mono">{short(window.drafter)}</span>)
-            </>
-          )}
-          , weighted by drafts: {window.points} scrape{window.points === 1 ? "" : "s"} of the engine's /metrics, {num(window.num_drafts, 0)} drafts.
-          {window.evaluated_acceptance_length == null && " A drafter with no served evaluation gets no drift alert."}
+          The last {span(window.seconds)} of{" "}
+          {window.drafter === null || window.drafter === deployment.drafter
+            ? "the drafter serving now"
+            : "the previous drafter (the one serving now has no points yet)"}
+          , weighted by drafts: {window.points} scrape{window.points === 1 ? "" : "s"} of the engine's /metrics,{" "}
+          {num(window.num_drafts, 0)} drafts.
+          {window.drafter !== null &&
+            window.evaluated_acceptance_length == null &&
+            " This drafter has no served evaluation to compare with: no drift alert."}
         </p>
         <WindowStats window={window} />
         {series.error && <ErrorNote error={series.error} retry={() => series.refetch()} />}

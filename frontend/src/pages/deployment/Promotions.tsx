@@ -19,24 +19,35 @@ const SERVING = new Set(["starting", "ready"]);
 const ACTIVE = new Set(["pending", "starting", "draining"]);
 const STEPS = ["pending", "starting", "draining", "succeeded"];
 
+/** An id shortened to its prefix and last six characters ("ckpt_…3f9a1c"); hover: all of it. */
+function ShortId({ id }: { id: string }) {
+  const cut = id.indexOf("_") + 1;
+  return (
+    <span className="mono" title={id}>
+      {cut > 0 && id.length > cut + 8 ? `${id.slice(0, cut)}…${id.slice(-6)}` : id}
+    </span>
+  );
+}
+
 /** A promotion's target or previous drafter: a checkpoint of a job, or a drafter by name. */
 function DrafterRef({ drafter }: { drafter: Record<string, unknown> | null | undefined }) {
   if (!drafter) return <span className="dim">—</span>;
   const source = (drafter.source ?? {}) as Record<string, unknown>;
   if (source.kind === "checkpoint") {
+    const job = String(source.job_id);
     return (
-      <span>
-        <span className="mono">{String(source.checkpoint_id)}</span>{" "}
-        <span className="dim">
+      <span className="promotion-drafter">
+        <ShortId id={String(source.checkpoint_id)} />
+        <span className="dim small">
           of job{" "}
-          <Link to={`/jobs/${String(source.job_id)}`} className="mono">
-            {String(source.job_id)}
+          <Link to={`/jobs/${job}`}>
+            <ShortId id={job} />
           </Link>
         </span>
       </span>
     );
   }
-  return <span className="mono">{String(drafter.drafter ?? "—")}</span>;
+  return <span className="mono promotion-drafter">{String(drafter.drafter ?? "—")}</span>;
 }
 
 function Step({ promotion }: { promotion: Promotion }) {
@@ -61,24 +72,28 @@ function Row({ promotion }: { promotion: Promotion }) {
     <tr>
       <td>
         <strong>{promotion.kind}</strong>
+        <div className="dim small">
+          <RelTime at={promotion.created_at} />
+        </div>
         {promotion.job_id && (
           <div className="dim small">
             by job{" "}
-            <Link to={`/jobs/${promotion.job_id}`} className="mono">
-              {promotion.job_id}
+            <Link to={`/jobs/${promotion.job_id}`}>
+              <ShortId id={promotion.job_id} />
             </Link>
           </div>
         )}
       </td>
-      <td className="promotion-drafters">
-        <DrafterRef drafter={promotion.previous} /> <span aria-label="to">→</span> <DrafterRef drafter={promotion.target} />
+      <td>
+        <div className="promotion-drafters">
+          <DrafterRef drafter={promotion.previous} />
+          <span aria-label="to">→</span>
+          <DrafterRef drafter={promotion.target} />
+        </div>
       </td>
       <td>
         <StatusBadge status={promotion.status} />
         <Step promotion={promotion} />
-      </td>
-      <td className="nowrap">
-        <RelTime at={promotion.created_at} />
       </td>
     </tr>
   );
@@ -158,7 +173,6 @@ export function Promotions({ deployment }: { deployment: Deployment }) {
                   <th>Kind</th>
                   <th>From → to</th>
                   <th>Status</th>
-                  <th>Requested</th>
                 </tr>
               </thead>
               <tbody>

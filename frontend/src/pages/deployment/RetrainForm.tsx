@@ -4,7 +4,7 @@
 import { useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useNavigate } from "react-router-dom";
-import { api, must, type Deployment, type RetrainRequest } from "../../api/client";
+import { api, must, type Deployment, type RetrainRequest, type Schemas } from "../../api/client";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
 import { keys as jobKeys } from "../job/model";
 
@@ -16,6 +16,8 @@ const AL_MAX = 65;
 
 const FIELDS = ["dataset", "epochs", "min_acceptance_length", "deploy"];
 
+type GateSpec = Schemas["GateSpec"];
+
 /** The settings a retrain keeps unless told otherwise: those of the served checkpoint's job. */
 function useDefaults(deployment: Deployment) {
   const source = deployment.source as { kind?: string; job_id?: string };
@@ -26,8 +28,10 @@ function useDefaults(deployment: Deployment) {
     enabled: jobId !== undefined,
   });
   const epochs = (job.data?.speculator as { epochs?: number } | undefined)?.epochs;
-  const minAl = (job.data?.gate as { min_acceptance_length?: number | null } | null | undefined)?.min_acceptance_length;
-  return { jobId, epochs, minAl };
+  const gate = (job.data?.gate ?? null) as GateSpec | null;
+  // undefined: not known (yet); null: the job has no such gate.
+  const minAl = job.data ? (gate?.min_acceptance_length ?? null) : undefined;
+  return { jobId, epochs, gate, minAl };
 }
 
 export function RetrainForm({ deployment, onClose }: { deployment: Deployment; onClose: () => void }) {
@@ -77,18 +81,27 @@ export function RetrainForm({ deployment, onClose }: { deployment: Deployment; o
     retrain.mutate({
       dataset: dataset || null,
       speculator: e ? { epochs: Number(e) } : {},
-      ...(al ? { gate: { min_acceptance_length: Number(al), beat_ngram: false } } : {}),
+      // A gate given replaces the job's: its other conditions are kept.
+      ...(al ? { gate: { ...defaults.gate, beat_ngram: defaults.gate?.beat_ngram ?? false, min_acceptance_length: Number(al) } } : {}),
       deploy,
     });
   }
 
-  const from = defaults.jobId ? `job ${defaults.jobId}` : "the API's defaults";
+  const from = defaults.jobId ? "the served checkpoint's job" : "the API's defaults";
   return (
     <form className="flywheel-form" onSubmit={submit} noValidate aria-label="Retrain the drafter">
       <p className="hint">
-        A new job for {deployment.verifier}
+        A new job for the deployment's verifier
         {defaults.jobId && ", warm-started from the checkpoint served now"}, on data whose replies the verifier
-        regenerates; its served evaluation and gate apply. Settings left empty are those of {from}.
+        regenerates; its served evaluation and gate apply. Settings left empty are those of{" "}
+        {defaults.jobId ? (
+          <>
+            job <span className="mono">{defaults.jobId}</span>
+          </>
+        ) : (
+          from
+        )}
+        .
       </p>
       <Field
         id="retrain-dataset"
@@ -116,7 +129,7 @@ export function RetrainForm({ deployment, onClose }: { deployment: Deployment; o
           id="retrain-epochs"
           label="Epochs"
           error={errors.epochs}
-          hint={defaults.epochs != null ? `Empty: ${defaults.epochs}, as ${from}.` : `Empty: as ${from}.`}
+          hint={defaults.epochs != null ? `Empty: ${defaults.epochs}, as in ${from}.` : `Empty: as in ${from}.`}
         >
           <input
             {...described("retrain-epochs", errors.epochs, true)}
@@ -135,9 +148,11 @@ export function RetrainForm({ deployment, onClose }: { deployment: Deployment; o
           label="Gate: min acceptance length"
           error={errors.min_acceptance_length}
           hint={
-            defaults.minAl != null
-              ? `Empty: ${defaults.minAl}, as ${from}. A job below it fails the gate.`
-              : `Empty: the gate of ${from}. A job below it fails the gate.`
+            defaults.minAl === undefined
+              ? `Empty: as in ${from}. A job below it fails.`
+              : defaults.minAl === null
+                ? `Empty: none, as in ${from}. A job below it fails.`
+                : `Empty: ${defaults.minAl}, as in ${from}. A job below it fails.`
           }
         >
           <input
