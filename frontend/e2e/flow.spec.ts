@@ -232,6 +232,13 @@ test.describe.serial("the demo flow", () => {
       const chart = live.getByRole("region", { name: "Live acceptance length" });
       await expect.poll(() => chart.locator(".recharts-line-dot, .recharts-dot").count(), { timeout: 60_000 }).toBeGreaterThan(0);
       await expect(live.locator(".stat").filter({ hasText: "Requests" }).locator(".value")).toHaveText(/^[1-9]/);
+      // Its dataset: the row on the Datasets page, marked.
+      await capture.getByRole("link", { name: /^ds_/ }).click();
+      await expect(page).toHaveURL(/\/datasets#ds_[0-9a-f]{24}$/);
+      const row = page.locator(`tr#${new URL(page.url()).hash.slice(1)}`);
+      await expect(row).toHaveClass(/target/);
+      await expect(row).toContainText("captured traffic");
+      await page.goto(`/deployments/${deploymentId}`);
     });
 
     await test.step("10. the API's refusals: nothing to roll back (409), an unknown checkpoint (422)", async () => {
@@ -254,6 +261,7 @@ test.describe.serial("the demo flow", () => {
       expect(other, "the job's other epoch is offered").toMatch(/^ckpt_[0-9a-f]{24}$/);
       await pick.selectOption(other);
       await expect(promotions.getByLabel("Checkpoint id", { exact: true })).toHaveValue(other);
+      await screenshotSizes(page, promotions, "deployment-promote");
       acceptNextDialog(page);
       await promotions.getByRole("button", { name: "Promote", exact: true }).click();
       await expect(rows.nth(1)).toContainText("promote");
@@ -291,6 +299,7 @@ test.describe.serial("the demo flow", () => {
       await expect(form.getByLabel("Dataset", { exact: true }).locator("option:checked")).toContainText("captured traffic");
       await expect(form.getByLabel("Epochs", { exact: true })).toHaveAttribute("placeholder", "2");
       await form.getByLabel("Epochs", { exact: true }).fill("50");
+      await screenshotSizes(page, promotions, "deployment-retrain");
       await form.getByRole("button", { name: "Create retrain job" }).click();
       await expect(page).toHaveURL(/\/jobs\/job_[0-9a-f]+$/, { timeout: 30_000 });
       const status = page.getByTestId("job-status");

@@ -83,7 +83,8 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
         assert rc == 0, (f"Playwright failed (screenshots, traces: {ARTIFACTS}):\n{playwright.stdout}\n"
                          f"--- specdeck run ---\n{run.output()[-20000:]}")
         for page in ("sign-in", "jobs", "job-detail", "deployment-detail", "new-deployment-capture",
-                     "deployment-flywheel", "datasets", "settings"):
+                     "deployment-flywheel", "deployment-promote", "deployment-retrain", "datasets",
+                     "settings"):
             for size in ("1280x800", "390x844"):
                 assert (ARTIFACTS / "screenshots" / f"{page}-{size}.png").is_file(), (page, size)
         assert "stopped" in run.output()

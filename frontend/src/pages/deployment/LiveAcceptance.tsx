@@ -59,7 +59,7 @@ function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveW
       />
       <YAxis tick={AXIS} width={40} domain={[1, top]} allowDecimals />
       <Tooltip formatter={tooltipNumber} labelFormatter={(t) => new Date(Number(t)).toLocaleString()} />
-      <Legend wrapperStyle={{ fontSize: 12 }} />
+      <Legend wrapperStyle={{ fontSize: 12 }} itemSorter={null} />
       {evaluated != null && (
         <ReferenceLine
           y={evaluated}
