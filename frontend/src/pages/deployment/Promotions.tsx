@@ -166,22 +166,25 @@ export function Promotions({ deployment }: { deployment: Deployment }) {
         empty="No promotions yet: this deployment serves the drafter it was created with."
       >
         {(page) => (
-          <div className="table-wrap">
-            <table aria-label="Promotions">
-              <thead>
-                <tr>
-                  <th>Kind</th>
-                  <th>From → to</th>
-                  <th>Status</th>
-                </tr>
-              </thead>
-              <tbody>
-                {page.data.map((p) => (
-                  <Row key={p.id} promotion={p} />
-                ))}
-              </tbody>
-            </table>
-          </div>
+          <>
+            <div className="table-wrap">
+              <table aria-label="Promotions">
+                <thead>
+                  <tr>
+                    <th>Kind</th>
+                    <th>From → to</th>
+                    <th>Status</th>
+                  </tr>
+                </thead>
+                <tbody>
+                  {page.data.map((p) => (
+                    <Row key={p.id} promotion={p} />
+                  ))}
+                </tbody>
+              </table>
+            </div>
+            {page.has_more && <p className="hint">The 20 newest.</p>}
+          </>
         )}
       </QueryState>
     </section>
