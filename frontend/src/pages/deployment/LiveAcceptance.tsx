@@ -9,13 +9,12 @@ import { ErrorNote, Loading } from "../../components/states";
 import { AXIS, ChartCard, DOT, colorAt, tooltipNumber } from "../job/ChartCard";
 import { num } from "../job/model";
 import { DriftAlert } from "./DriftAlert";
+import { shortId } from "./ids";
 import { HISTORY_MS, runsOf, useLiveSeries, type Row, type Run } from "./live";
 
 const EVALUATED = "#2b8a3e";
 const ALERT = "#c92a2a";
 
-/** A checkpoint id shortened for a legend ("ckpt_…3f9a1c"); any other drafter as it is. */
-const short = (key: string) => (/^ckpt_[0-9a-f]{24}$/.test(key) ? `ckpt_…${key.slice(-6)}` : key);
 /** 600 → "10 min", 21600 → "6 h". */
 const span = (s: number) => (s % 3600 === 0 ? `${s / 3600} h` : s % 60 === 0 ? `${s / 60} min` : `${num(s, 0)} s`);
 /** Times on the axis: with seconds when the chart spans less than ten minutes. */
@@ -80,7 +79,7 @@ function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveW
         <Line
           key={run.dataKey}
           dataKey={run.dataKey}
-          name={short(run.key)}
+          name={shortId(run.key)}
           legendType={run.first ? "line" : "none"}
           stroke={color(run.key)}
           dot={DOT}

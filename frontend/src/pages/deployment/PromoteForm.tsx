@@ -8,6 +8,7 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type Deployment } from "../../api/client";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
 import { evaluationOf, keys as jobKeys, num } from "../job/model";
+import { shortId } from "./ids";
 import { keys } from "./keys";
 
 const CHECKPOINT_ID = /^ckpt_[0-9a-f]{24}$/; // app/schemas/jobs.py CHECKPOINT_ID
@@ -33,7 +34,7 @@ function useCandidates(deployment: Deployment): Candidate[] {
   const found = new Map<string, string>();
   for (const c of ofSourceJob.data?.data ?? []) {
     const al = c.served_acceptance_length;
-    found.set(c.id, `epoch ${c.epoch} of job ${c.job_id}${al != null ? `, served AL ${num(al, 2)}` : ""}`);
+    found.set(c.id, `epoch ${c.epoch} of ${shortId(c.job_id)}${al != null ? `, served AL ${num(al, 2)}` : ""}`);
   }
   for (const job of recent.data?.data ?? []) {
     const evaluation = evaluationOf(job.evaluation);
@@ -41,7 +42,7 @@ function useCandidates(deployment: Deployment): Candidate[] {
     const al = job.served_acceptance_length;
     found.set(
       evaluation.checkpoint_id,
-      `epoch ${evaluation.epoch ?? "?"} of job ${job.id} (evaluated)${al != null ? `, served AL ${num(al, 2)}` : ""}`,
+      `epoch ${evaluation.epoch ?? "?"} of ${shortId(job.id)} (evaluated)${al != null ? `, served AL ${num(al, 2)}` : ""}`,
     );
   }
   found.delete(source.checkpoint_id ?? "");
@@ -106,7 +107,7 @@ export function PromoteForm({ deployment, onDone }: { deployment: Deployment; on
         id="promote-checkpoint_id"
         label="Checkpoint id"
         error={errors.checkpoint_id}
-        hint={`A DFlash checkpoint trained for ${deployment.verifier}.`}
+        hint="A DFlash checkpoint of this project, trained for the deployment's verifier."
       >
         <input
           {...described("promote-checkpoint_id", errors.checkpoint_id, true)}

@@ -10,6 +10,7 @@ import { QueryState } from "../../components/states";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
 import { isTerminal } from "../deploy/common";
+import { shortId } from "./ids";
 import { keys } from "./keys";
 import { PromoteForm } from "./PromoteForm";
 import { RetrainForm } from "./RetrainForm";
@@ -19,12 +20,11 @@ const SERVING = new Set(["starting", "ready"]);
 const ACTIVE = new Set(["pending", "starting", "draining"]);
 const STEPS = ["pending", "starting", "draining", "succeeded"];
 
-/** An id shortened to its prefix and last six characters ("ckpt_…3f9a1c"); hover: all of it. */
+/** An id shortened; hover: all of it. */
 function ShortId({ id }: { id: string }) {
-  const cut = id.indexOf("_") + 1;
   return (
     <span className="mono" title={id}>
-      {cut > 0 && id.length > cut + 8 ? `${id.slice(0, cut)}…${id.slice(-6)}` : id}
+      {shortId(id)}
     </span>
   );
 }
