@@ -7,6 +7,7 @@ import { useNavigate } from "react-router-dom";
 import { api, must, type Deployment, type RetrainRequest, type Schemas } from "../../api/client";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
 import { keys as jobKeys } from "../job/model";
+import { shortId } from "./ids";
 
 // app/schemas/deployments.py RetrainSpeculator.epochs and app/schemas/jobs.py GateSpec.
 const EPOCHS_MIN = 1;
@@ -114,12 +115,12 @@ export function RetrainForm({ deployment, onClose }: { deployment: Deployment; o
           value={dataset}
           onChange={(e) => setDataset(e.target.value)}
         >
-          <option value="">{captured ? `The captured traffic (${captured})` : "Choose a dataset"}</option>
+          <option value="">{captured ? `The captured traffic (${shortId(captured)})` : "Choose a dataset"}</option>
           {datasets.data?.data
             .filter((d) => d.id !== captured)
             .map((d) => (
               <option key={d.id} value={d.id}>
-                {d.name} ({d.id})
+                {d.name} ({shortId(d.id)})
               </option>
             ))}
         </select>
