@@ -1,18 +1,30 @@
 // The dashboard's whole story, as a user clicks through it (issue 10, "Done when"): sign in,
-// upload data, train the demo drafter, watch it live, deploy its best checkpoint, chat with it,
-// cancel a job, see a refused delete, store a secret, add a webhook and follow its deliveries,
-// revoke the key in use.
+// upload data, train the demo drafter, watch it live, deploy its best checkpoint with traffic
+// capture on, chat with it, watch its live acceptance and capture, promote it to the other
+// epoch's checkpoint and roll it back (issue 12), retrain it and cancel that job, see a refused
+// delete, store a secret, add a webhook and follow its deliveries, revoke the key in use.
 // One browser tab for all of it; each numbered step is a test.step, so a failure names it.
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { expect, test, type BrowserContext, type Page } from "@playwright/test";
+import { expect, test, type BrowserContext, type Locator, type Page } from "@playwright/test";
 import { acceptNextDialog, clearState, env, fillIfPresent, saveState, screenshotPath, signIn } from "./support";
 
 const TERMINAL = /succeeded|failed|cancelled/i;
 const run = Date.now().toString(36);
 const DATASET_NAME = `e2e-demo-${run}`;
 const DEPLOYMENT_NAME = `e2e-demo-${run}`;
+
+/** A screenshot of one part of the page at both sizes, with no horizontal overflow at either. */
+async function screenshotSizes(page: Page, part: Locator, name: string): Promise<void> {
+  for (const size of [{ width: 1280, height: 800 }, { width: 390, height: 844 }]) {
+    await page.setViewportSize(size);
+    await part.screenshot({ path: screenshotPath(name, size.width, size.height) });
+    const width = await page.evaluate(() => document.scrollingElement!.scrollWidth);
+    expect(width, `${name}: no horizontal overflow at ${size.width}px`).toBeLessThanOrEqual(size.width + 1);
+  }
+  await page.setViewportSize({ width: 1280, height: 800 });
+}
 
 /** One tab for a serial group's tests (Playwright traces it, and screenshots it on a failure). */
 function useTab(): () => Page {
@@ -34,6 +46,7 @@ test.describe.serial("the demo flow", () => {
   // What the steps make, for the later steps.
   let datasetId = "";
   let jobId = "";
+  let deploymentId = "";
 
   test.beforeAll(() => {
     clearState();
@@ -155,16 +168,29 @@ test.describe.serial("the demo flow", () => {
   });
 
   test("deploy the best checkpoint and chat with it", async () => {
-    await test.step("8. deploy, wait for ready, stream an answer in the playground", async () => {
+    await test.step("8. deploy with capture on, wait for ready, stream an answer in the playground", async () => {
       await page.goto(`/jobs/${jobId}`);
       const best = page.getByRole("table", { name: "Checkpoints" }).getByRole("row").filter({ hasText: /\bbest\b/ });
       await best.getByRole("button", { name: /^Deploy checkpoint/ }).first().click();
       await expect(page).toHaveURL(/\/deployments\/new\?checkpoint=ckpt_/);
       await expect(page.getByLabel("Checkpoint id", { exact: true })).toHaveValue(/^ckpt_/);
       await page.getByLabel("Name", { exact: true }).fill(DEPLOYMENT_NAME);
+      // Capture is opt-in; ticked, it shows the API's defaults.
+      await expect(page.getByLabel("Sample rate", { exact: true })).toHaveCount(0);
+      await page.getByLabel("Capture a sample of the requests", { exact: true }).check();
+      await expect(page.getByLabel("Max rows", { exact: true })).toHaveValue("100000");
+      await expect(page.getByLabel("Retention (days)", { exact: true })).toHaveValue("30");
+      const sampleRate = page.getByLabel("Sample rate", { exact: true });
+      await expect(sampleRate).toHaveValue("0.1");
+      await screenshotSizes(page, page.getByRole("form", { name: "New deployment" }), "new-deployment-capture");
+      await sampleRate.fill("1.5");
+      await page.getByRole("button", { name: "Create deployment" }).click();
+      await expect(sampleRate).toHaveAttribute("aria-invalid", "true");
+      await sampleRate.fill("1"); // every request, so that the chat below is captured
       await page.getByRole("button", { name: "Create deployment" }).click();
       await expect(page).toHaveURL(/\/deployments\/dep_[0-9a-f]+$/, { timeout: 30_000 });
-      saveState({ deploymentId: new URL(page.url()).pathname.split("/").pop() });
+      deploymentId = new URL(page.url()).pathname.split("/").pop()!;
+      saveState({ deploymentId });
       await expect(page.getByTestId("deployment-status")).toHaveText(/ready/i, { timeout: 5 * 60_000 });
 
       await page.getByRole("link", { name: "Open in playground" }).click();
@@ -176,12 +202,106 @@ test.describe.serial("the demo flow", () => {
       const answer = page.getByRole("log", { name: "Answer" });
       await expect(answer).not.toBeEmpty({ timeout: 2 * 60_000 });
       await expect(page.getByText(/TTFT/)).toBeVisible({ timeout: 2 * 60_000 });
+      // Finished, not cut short by leaving the page: a reply cut short is not captured.
+      await expect(page.getByRole("button", { name: "Stop" })).toHaveCount(0, { timeout: 2 * 60_000 });
     });
   });
 
-  test("cancel a second job", async () => {
-    await test.step("9. create a second job and cancel it on its page", async () => {
-      await newDemoJob({ epochs: 50, evaluate: false });
+  test("watch the deployment, promote it and roll it back", async () => {
+    const capture = page.getByRole("region", { name: "Traffic capture" });
+    const live = page.getByRole("region", { name: "Live acceptance", exact: true });
+    const promotions = page.getByRole("region", { name: "Promotions" });
+    const rows = promotions.getByRole("table", { name: "Promotions" }).getByRole("row"); // newest first
+    const summary = page.getByRole("region", { name: "Deployment", exact: true });
+    let other = ""; // the checkpoint promoted to
+
+    /** A chat request through the gateway, as any OpenAI client sends one. */
+    async function chat(content: string): Promise<void> {
+      const reply = await page.request.post("/v1/chat/completions", {
+        headers: { Authorization: `Bearer ${env("SPECDECK_KEY")}` },
+        data: { model: DEPLOYMENT_NAME, messages: [{ role: "user", content }], max_tokens: 24 },
+      });
+      expect(reply.status()).toBe(200);
+    }
+
+    await test.step("9. the chat is captured, and the live acceptance chart has points", async () => {
+      await page.goto(`/deployments/${deploymentId}`);
+      await expect(capture).toContainText(/Rows\s*1 of 100,000/);
+      await expect(capture.getByRole("link", { name: /^ds_[0-9a-f]{24}$/ })).toHaveAttribute("href", /^\/datasets#ds_/);
+      // The worker scrapes the engine's /metrics every second here (SPECDECK_LIVE_METRICS_SECONDS).
+      const chart = live.getByRole("region", { name: "Live acceptance length" });
+      await expect.poll(() => chart.locator(".recharts-line-dot, .recharts-dot").count(), { timeout: 60_000 }).toBeGreaterThan(0);
+      await expect(live.locator(".stat").filter({ hasText: "Requests" }).locator(".value")).toHaveText(/^[1-9]/);
+      // Its dataset: the row on the Datasets page, marked.
+      await capture.getByRole("link", { name: /^ds_/ }).click();
+      await expect(page).toHaveURL(/\/datasets#ds_[0-9a-f]{24}$/);
+      const row = page.locator(`tr#${new URL(page.url()).hash.slice(1)}`);
+      await expect(row).toHaveClass(/target/);
+      await expect(row).toContainText("captured traffic");
+      await page.goto(`/deployments/${deploymentId}`);
+    });
+
+    await test.step("10. the API's refusals: nothing to roll back (409), an unknown checkpoint (422)", async () => {
+      acceptNextDialog(page);
+      await promotions.getByRole("button", { name: `Roll back deployment ${DEPLOYMENT_NAME}` }).click();
+      await expect(promotions.getByRole("alert")).toContainText(/served only one drafter/);
+
+      await promotions.getByRole("button", { name: "Promote…" }).click();
+      const checkpoint = promotions.getByLabel("Checkpoint id", { exact: true });
+      await checkpoint.fill(`ckpt_${"0".repeat(24)}`);
+      acceptNextDialog(page);
+      await promotions.getByRole("button", { name: "Promote", exact: true }).click();
+      await expect(checkpoint).toHaveAttribute("aria-invalid", "true");
+      await expect(checkpoint).toHaveAccessibleDescription(/no checkpoint with id/);
+    });
+
+    await test.step("11. promote to the job's other checkpoint: the switch succeeds, the new drafter is measured", async () => {
+      const pick = promotions.getByLabel("Pick a checkpoint", { exact: true });
+      other = (await pick.locator("option").nth(1).getAttribute("value")) ?? "";
+      expect(other, "the job's other epoch is offered").toMatch(/^ckpt_[0-9a-f]{24}$/);
+      await pick.selectOption(other);
+      await expect(promotions.getByLabel("Checkpoint id", { exact: true })).toHaveValue(other);
+      await screenshotSizes(page, promotions, "deployment-promote");
+      acceptNextDialog(page);
+      await promotions.getByRole("button", { name: "Promote", exact: true }).click();
+      await expect(rows.nth(1)).toContainText("promote");
+      await expect(rows.nth(1)).toContainText(/succeeded/, { timeout: 3 * 60_000 });
+      await expect(summary).toContainText(other);
+      // A request served by the new drafter: its own line on the chart.
+      await chat("Hello there!");
+      await expect(live.locator(".recharts-legend-item")).toHaveCount(2, { timeout: 60_000 });
+      await expect(capture).toContainText(/Rows\s*2 of 100,000/);
+    });
+
+    await test.step("12. roll back: the first drafter serves again", async () => {
+      acceptNextDialog(page);
+      await promotions.getByRole("button", { name: `Roll back deployment ${DEPLOYMENT_NAME}` }).click();
+      await expect(rows.nth(1)).toContainText("rollback");
+      await expect(rows.nth(1)).toContainText(/succeeded/, { timeout: 3 * 60_000 });
+      await expect(summary).not.toContainText(other);
+      // Served again, the evaluated drafter is held against its served evaluation and the alert's threshold.
+      await chat("What is a lighthouse for?");
+      await expect(live.locator(".stat").filter({ hasText: "Evaluated acceptance length" }).locator(".value")).toHaveText(
+        /^\d/,
+        { timeout: 60_000 },
+      );
+      await expect(live.locator(".recharts-reference-line")).toHaveCount(2);
+      await screenshotSizes(page, page.locator(".deployment-detail"), "deployment-flywheel");
+    });
+  });
+
+  test("retrain the deployment and cancel that job", async () => {
+    await test.step("13. retrain from the deployment page, then cancel the job on its page", async () => {
+      await page.goto(`/deployments/${deploymentId}`);
+      const promotions = page.getByRole("region", { name: "Promotions" });
+      await promotions.getByRole("button", { name: "Retrain…" }).click();
+      const form = promotions.getByRole("form", { name: "Retrain the drafter" });
+      await expect(form.getByLabel("Dataset", { exact: true }).locator("option:checked")).toContainText("captured traffic");
+      await expect(form.getByLabel("Epochs", { exact: true })).toHaveAttribute("placeholder", "2");
+      await form.getByLabel("Epochs", { exact: true }).fill("50");
+      await screenshotSizes(page, promotions, "deployment-retrain");
+      await form.getByRole("button", { name: "Create retrain job" }).click();
+      await expect(page).toHaveURL(/\/jobs\/job_[0-9a-f]+$/, { timeout: 30_000 });
       const status = page.getByTestId("job-status");
       await expect(status).toBeVisible();
       acceptNextDialog(page);
@@ -191,7 +311,7 @@ test.describe.serial("the demo flow", () => {
   });
 
   test("a dataset in use cannot be deleted", async () => {
-    await test.step("10. deleting the demo dataset shows the API's 409", async () => {
+    await test.step("14. deleting the demo dataset shows the API's 409", async () => {
       await page.goto("/datasets");
       const remove = page.getByRole("button", { name: `Delete dataset ${DATASET_NAME}` });
       acceptNextDialog(page);
@@ -203,7 +323,7 @@ test.describe.serial("the demo flow", () => {
   });
 });
 
-// Apart from the training flow, so that its failure does not hide these; last, as step 14 revokes
+// Apart from the training flow, so that its failure does not hide these; last, as step 18 revokes
 // the key the other steps use.
 test.describe.serial("settings", () => {
   const tab = useTab();
@@ -215,7 +335,7 @@ test.describe.serial("settings", () => {
   });
 
   test("a secret", async () => {
-    await test.step("11. HF_TOKEN is saved and its value is never shown", async () => {
+    await test.step("15. HF_TOKEN is saved and its value is never shown", async () => {
       const value = `hf_e2e_${run}_${Math.random().toString(36).slice(2)}`;
       await page.getByRole("link", { name: "Settings", exact: true }).click();
       const secrets = page.getByRole("region", { name: "Secrets" });
@@ -239,7 +359,7 @@ test.describe.serial("settings", () => {
     const webhooks = page.getByRole("region", { name: "Webhooks" });
     const url = webhooks.getByLabel("Endpoint URL", { exact: true });
 
-    await test.step("12. a private address is refused at the URL field", async () => {
+    await test.step("16. a private address is refused at the URL field", async () => {
       await page.goto("/settings");
       await url.fill("http://10.0.0.1/hook");
       await webhooks.getByRole("checkbox", { name: /job\.succeeded/ }).check();
@@ -248,7 +368,7 @@ test.describe.serial("settings", () => {
       await expect(url).toHaveAccessibleDescription(/private or internal addresses/);
     });
 
-    await test.step("13. an allowed endpoint: its secret once, a test event, a failed attempt, delete", async () => {
+    await test.step("17. an allowed endpoint: its secret once, a test event, a failed attempt, delete", async () => {
       await url.fill(HOOK);
       await webhooks.getByLabel("Description", { exact: true }).fill(`e2e ${run}`);
       await webhooks.getByRole("button", { name: "Add endpoint" }).click();
@@ -269,13 +389,7 @@ test.describe.serial("settings", () => {
       await expect(delivery.getByRole("table", { name: /^Attempts of / }).getByRole("row").nth(1)).toContainText(
         /connection refused/i,
       );
-      for (const size of [{ width: 1280, height: 800 }, { width: 390, height: 844 }]) {
-        await page.setViewportSize(size);
-        await webhooks.screenshot({ path: screenshotPath("settings-webhooks", size.width, size.height) });
-        const width = await page.evaluate(() => document.scrollingElement!.scrollWidth);
-        expect(width, `no horizontal overflow at ${size.width}px`).toBeLessThanOrEqual(size.width + 1);
-      }
-      await page.setViewportSize({ width: 1280, height: 800 });
+      await screenshotSizes(page, webhooks, "settings-webhooks");
 
       acceptNextDialog(page);
       await webhooks.getByRole("button", { name: `Delete webhook ${HOOK}` }).click();
@@ -284,7 +398,7 @@ test.describe.serial("settings", () => {
   });
 
   test("the keys", async () => {
-    await test.step("14. revoking the key in use signs this browser out", async () => {
+    await test.step("18. revoking the key in use signs this browser out", async () => {
       await page.goto("/settings");
       const keys = page.getByRole("region", { name: "API keys" });
       await keys.getByLabel("Key name", { exact: true }).fill(`e2e-${run}`);

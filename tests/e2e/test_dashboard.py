@@ -30,6 +30,8 @@ FAST = {
     "SPECDECK_CANCEL_GRACE_SECONDS": "2",
     "SPECDECK_HEALTH_CHECK_SECONDS": "1",
     "SPECDECK_RECONCILE_SECONDS": "1",
+    # The live acceptance chart gets a point a second after a request, not 15 s.
+    "SPECDECK_LIVE_METRICS_SECONDS": "1",
     # The flow's webhook points at a closed port on this host, to see a failed attempt.
     "SPECDECK_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
 }
@@ -80,7 +82,9 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
         rc = playwright.returncode
         assert rc == 0, (f"Playwright failed (screenshots, traces: {ARTIFACTS}):\n{playwright.stdout}\n"
                          f"--- specdeck run ---\n{run.output()[-20000:]}")
-        for page in ("sign-in", "jobs", "job-detail", "datasets", "settings"):
+        for page in ("sign-in", "jobs", "job-detail", "deployment-detail", "new-deployment-capture",
+                     "deployment-flywheel", "deployment-promote", "deployment-retrain", "datasets",
+                     "settings"):
             for size in ("1280x800", "390x844"):
                 assert (ARTIFACTS / "screenshots" / f"{page}-{size}.png").is_file(), (page, size)
         assert "stopped" in run.output()

@@ -23,6 +23,12 @@ export type Webhook = Schemas["WebhookOut"];
 export type WebhookEvent = Schemas["WebhookCreate"]["events"][number];
 export type WebhookDelivery = Schemas["WebhookDeliveryOut"];
 export type WebhookAttempt = Schemas["WebhookAttemptOut"];
+export type LivePoint = Schemas["LiveMetricPoint"];
+export type LiveWindow = Schemas["LiveWindow"];
+export type Capture = Schemas["CaptureOut"];
+export type CaptureOptions = Schemas["CaptureOptions"];
+export type Promotion = Schemas["PromotionOut"];
+export type RetrainRequest = Schemas["RetrainRequest"];
 
 const auth: Middleware = {
   onRequest({ request }) {

@@ -3,7 +3,7 @@
 const TONE: Record<string, string> = {
   succeeded: "good", ready: "good", published: "good",
   failed: "bad", cancelled: "muted", stopped: "muted",
-  running: "busy", starting: "busy", stopping: "busy", publishing: "busy", delivering: "busy",
+  running: "busy", starting: "busy", stopping: "busy", draining: "busy", publishing: "busy", delivering: "busy",
   queued: "wait", pending: "wait",
 };
 

@@ -1,5 +1,6 @@
 import { ConfirmAction } from "../components/confirm";
-import { useState, type FormEvent } from "react";
+import { useEffect, useState, type FormEvent } from "react";
+import { useLocation } from "react-router-dom";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, authedFetch, must, type Dataset } from "../api/client";
 import { ApiError, messageOf } from "../api/errors";
@@ -92,19 +93,25 @@ export function UploadDataset({ onUploaded }: { onUploaded?: (dataset: Dataset) 
   );
 }
 
-function DatasetRow({ dataset }: { dataset: Dataset }) {
+function DatasetRow({ dataset, target }: { dataset: Dataset; target: boolean }) {
   const queryClient = useQueryClient();
   const remove = useMutation({
     mutationFn: () => must(api.DELETE("/api/datasets/{dataset_id}", { params: { path: { dataset_id: dataset.id } } })),
     onSuccess: () => queryClient.invalidateQueries({ queryKey: ["datasets"] }),
   });
   return (
-    <tr>
+    <tr id={dataset.id} className={target ? "target" : undefined}>
       <td>
         <strong>{dataset.name}</strong>
         <div className="mono dim">{dataset.id}</div>
       </td>
-      <td>{dataset.kind === "public" ? `public: ${dataset.public_name}` : dataset.format}</td>
+      <td>
+        {dataset.kind === "public"
+          ? `public: ${dataset.public_name}`
+          : dataset.kind === "capture"
+            ? "captured traffic"
+            : dataset.format}
+      </td>
       <td className="num">{dataset.num_conversations ?? "—"}</td>
       <td className="num">{bytes(dataset.num_bytes)}</td>
       <td>
@@ -128,6 +135,12 @@ export default function Datasets() {
     queryKey: ["datasets", cursor.after],
     queryFn: () => must(api.GET("/api/datasets", { params: { query: { limit: 20, after: cursor.after } } })),
   });
+  // /datasets#ds_… (a deployment's capture links here): that row, shown and marked.
+  const target = useLocation().hash.slice(1);
+  const loaded = datasets.data !== undefined;
+  useEffect(() => {
+    if (target && loaded) document.getElementById(target)?.scrollIntoView({ block: "center" });
+  }, [target, loaded]);
   return (
     <>
       <h1>Datasets</h1>
@@ -157,7 +170,7 @@ export default function Datasets() {
                     </thead>
                     <tbody>
                       {page.data.map((d) => (
-                        <DatasetRow key={d.id} dataset={d} />
+                        <DatasetRow key={d.id} dataset={d} target={d.id === target} />
                       ))}
                     </tbody>
                   </table>

@@ -1,10 +1,18 @@
 import { useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { Link, useNavigate, useSearchParams } from "react-router-dom";
-import { api, must } from "../api/client";
+import { api, must, type CaptureOptions } from "../api/client";
 import { ApiError, messageOf } from "../api/errors";
 import { Field, FormError, described, useFieldErrors } from "../components/form";
 import { RelTime } from "../components/time";
+import { CaptureFields } from "./deployment/CaptureFields";
+import {
+  CAPTURE_DEFAULTS,
+  CAPTURE_FIELDS,
+  captureBody,
+  validateCapture,
+  type CaptureForm,
+} from "./deployment/captureOptions";
 import "./deploy/deploy.css";
 
 // The limits of app/schemas/deployments.py DeploymentCreate (and DeploymentResources).
@@ -17,7 +25,16 @@ const SPEC_MAX = 64;
 const TP_MIN = 1;
 const TP_MAX = 64;
 
-const FIELDS = ["name", "checkpoint_id", "drafter", "verifier", "num_speculative_tokens", "runtime", "tensor_parallel_size"];
+const FIELDS = [
+  "name",
+  "checkpoint_id",
+  "drafter",
+  "verifier",
+  "num_speculative_tokens",
+  "runtime",
+  "tensor_parallel_size",
+  ...CAPTURE_FIELDS,
+];
 
 type SourceKind = "checkpoint" | "hub";
 type Runtime = "" | "local" | "vllm";
@@ -27,6 +44,7 @@ type Body = {
   num_speculative_tokens: number | null;
   runtime: "local" | "vllm" | null;
   resources: { tensor_parallel_size: number };
+  capture: CaptureOptions | null;
 } & ({ checkpoint_id: string } | { drafter: string; verifier: string });
 
 /** A default served name: "drafter-" and the tail of the checkpoint id, or of the time. */
@@ -97,6 +115,7 @@ export default function NewDeployment() {
   const [specTokens, setSpecTokens] = useState("");
   const [runtime, setRuntime] = useState<Runtime>("");
   const [tp, setTp] = useState("1");
+  const [capture, setCapture] = useState<CaptureForm>(CAPTURE_DEFAULTS);
   const { errors, setErrors, formError, fromError, clear } = useFieldErrors(FIELDS);
   const navigate = useNavigate();
   const queryClient = useQueryClient();
@@ -130,7 +149,7 @@ export default function NewDeployment() {
     if (specTokens.trim() && !intIn(specTokens, SPEC_MIN, SPEC_MAX))
       e.num_speculative_tokens = `A whole number from ${SPEC_MIN} to ${SPEC_MAX}, or empty`;
     if (!intIn(tp, TP_MIN, TP_MAX)) e.tensor_parallel_size = `A whole number from ${TP_MIN} to ${TP_MAX}`;
-    return e;
+    return { ...e, ...validateCapture(capture) };
   }
 
   function submit(event: FormEvent) {
@@ -148,6 +167,7 @@ export default function NewDeployment() {
       num_speculative_tokens: specTokens.trim() ? Number(specTokens) : null,
       runtime: runtime || null,
       resources: { tensor_parallel_size: Number(tp) },
+      capture: captureBody(capture),
     };
     create.mutate(
       kind === "checkpoint"
@@ -301,6 +321,8 @@ export default function NewDeployment() {
             </Field>
           </div>
         </fieldset>
+
+        <CaptureFields value={capture} onChange={setCapture} errors={errors} />
 
         <FormError message={formError} />
         <div className="actions">

@@ -1,5 +1,7 @@
 // Shared by the deployment pages: statuses, the events request, the client snippets.
+import { useQuery } from "@tanstack/react-query";
 import { api, must, type Deployment, type Schemas } from "../../api/client";
+import { keys } from "../deployment/keys";
 
 /** A deployment in one of these never changes again (app/services/state.py). */
 export const TERMINAL = new Set(["stopped", "failed"]);
@@ -25,6 +27,15 @@ export async function fetchDeploymentEvents(id: string): Promise<DeploymentEvent
     after = Number(body.last_id);
   }
   return events;
+}
+
+/** The deployment's events, polled every 3 s until it ends (the timeline and the drift alert). */
+export function useDeploymentEvents(deployment: Deployment) {
+  return useQuery({
+    queryKey: keys.events(deployment.id),
+    queryFn: () => fetchDeploymentEvents(deployment.id),
+    refetchInterval: isTerminal(deployment) ? false : 3000,
+  });
 }
 
 /** The gateway's base URL as a client outside this page would use it. */

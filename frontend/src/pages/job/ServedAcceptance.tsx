@@ -3,22 +3,11 @@
 // the trainer's eal is shown as what it is, an estimate.
 import { Bar, BarChart, CartesianGrid, Cell, ReferenceLine, Tooltip, XAxis, YAxis } from "recharts";
 import type { Checkpoint, Job } from "../../api/client";
+import { Stat } from "../../components/stat";
 import { Empty } from "../../components/states";
 import { AXIS, ChartCard, colorAt, tooltipNumber } from "./ChartCard";
 import type { Row } from "./metrics";
 import { evaluationOf, isTerminal, num } from "./model";
-
-function Stat({ label, value, note }: { label: string; value: string; note?: string }) {
-  return (
-    <div className="stat">
-      <span className="value">{value}</span>
-      <span className="label">
-        {label}
-        {note && <em className="note"> ({note})</em>}
-      </span>
-    </div>
-  );
-}
 
 const times = (x: number | null | undefined) => (x == null ? "—" : `×${num(x, 2)}`);
 
