@@ -28,10 +28,13 @@ MAX_TOKENS = 48
 
 @pytest.fixture
 def gateway(pg_stack: Stack, tmp_path: Path):
-    """A real `specdeck api` server (uvicorn) on the stack's database."""
+    """A real `specdeck api` server (uvicorn) on the stack's database. Its per-key rate limit
+    is off: these tests send as fast as the engine answers, which on a fast machine is faster
+    than the default limit allows (tests/integration/test_gateway.py tests the limiter)."""
     port = free_port()
     log = tmp_path / "api.log"
-    proc = subprocess.Popen([SPECDECK, "api", "--port", str(port)], env={**os.environ, **pg_stack.env},
+    env = {**os.environ, **pg_stack.env, "SPECDECK_GATEWAY_RATE_LIMIT_RPM": "0"}
+    proc = subprocess.Popen([SPECDECK, "api", "--port", str(port)], env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
