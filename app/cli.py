@@ -7,8 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -191,16 +189,19 @@ def development_key(project: str) -> tuple[str, str]:
     return plaintext, project_id
 
 
-def cmd_run(args: argparse.Namespace) -> None:
-    """Development: migrate, then run the API and a worker together until Ctrl-C."""
+def cmd_run(args: argparse.Namespace) -> int:
+    """Development: migrate, then run the API and a worker together (app/supervise.py) until
+    Ctrl-C, SIGTERM or SIGHUP; a child that dies is restarted."""
+    from app.supervise import Child, Supervisor
+
     _ensure_sqlite_dirs()
     migrate()
     key, project_id = development_key(args.project)
     dataset_id = None if args.no_demo else register_demo(project_id)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     exe = str(Path(sys.executable).parent / "specdeck")
-    api = subprocess.Popen([exe, *API_COMMAND[1:], "--host", args.host, "--port", str(args.port)], env=env)
-    worker = subprocess.Popen([exe, *WORKER_COMMAND[1:]], env=env)
+    api = [exe, *API_COMMAND[1:], "--host", args.host, "--port", str(args.port)]
+    children = [Child("api", api), Child("worker", [exe, *WORKER_COMMAND[1:]])]
     url = f"http://{args.host}:{args.port}"
     print(f"\nSpecDeck is running at {url}\n  API key (project '{args.project}'): {key}  "
           f"(kept in {DEV_KEY_FILE}, printed again on the next start)", flush=True)
@@ -209,26 +210,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"  demo dataset: {dataset_id}\n  train a drafter for the demo verifier:\n"
               f"    curl -s -X POST {url}/api/jobs -H 'Authorization: Bearer {key}' "
               f"-H 'Content-Type: application/json' -d '{body}'", flush=True)
-    print("  Ctrl-C stops the API and the worker.\n", flush=True)
-    children = [api, worker]
-    try:
-        while all(c.poll() is None for c in children):
-            try:
-                children[0].wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                continue
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        print("stopped", flush=True)
+    print("  Ctrl-C stops the API, the worker and everything they started (so do SIGTERM and "
+          "SIGHUP).\n", flush=True)
+    return 0 if Supervisor(children, env, stop_timeout=args.stop_timeout).run() else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--port", type=int, default=8000)
     run.add_argument("--project", default="default")
     run.add_argument("--no-demo", action="store_true", help="skip the demo verifier and data")
+    run.add_argument("--stop-timeout", type=float, default=120, metavar="SECONDS",
+                     help="on stop, how long the API and the worker get to finish (the worker "
+                     "stops its jobs and hands them back) before they are killed (default 120)")
     run.set_defaults(func=cmd_run)
 
     demo_model = sub.add_parser("demo-model", help="create the tiny demo verifier (trained locally, about a minute)")

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from app.supervise import signal_group
+
 log = logging.getLogger(__name__)
 
 JOB_ENV = "SPECDECK_JOB_ID"
@@ -32,13 +34,6 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class ManagedProcess:
@@ -102,7 +97,7 @@ class ManagedProcess:
                 if should_stop():
                     code = self.stop(grace)
                     break
-        _signal_group(self.pgid, signal.SIGKILL)  # anything the command left in its group
+        signal_group(self.pgid, signal.SIGKILL)  # anything the command left in its group
         self._reader.join(timeout=10)
         if self.line_error is not None:
             raise self.line_error
@@ -110,13 +105,13 @@ class ManagedProcess:
 
     def stop(self, grace: float) -> int:
         """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL."""
-        _signal_group(self.pgid, signal.SIGTERM)
+        signal_group(self.pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if self.proc.poll() is not None and not group_alive(self.pgid):
                 break
             time.sleep(0.05)
-        _signal_group(self.pgid, signal.SIGKILL)
+        signal_group(self.pgid, signal.SIGKILL)
         code = self.proc.wait()
         self.poll()
         self._reader.join(timeout=10)
@@ -148,11 +143,11 @@ def reap(pgid: int, job_id: str, grace: float = 5.0) -> bool:
     if not any(_belongs_to(pid, job_id) for pid in _group_members(pgid)):
         return False
     log.warning("reaping orphaned process group %s of %s", pgid, job_id)
-    _signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and group_alive(pgid):
         time.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
+    signal_group(pgid, signal.SIGKILL)
     return True
 
 
