@@ -19,6 +19,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from app.supervise import die_with_parent
+from tests.support import processes
+
 ROOT = Path(__file__).resolve().parent.parent
 SPECDECK = str(Path(sys.executable).parent / "specdeck")
 PG_ADMIN_URL = os.environ.get("SPECDECK_TEST_PG_ADMIN_URL",
@@ -33,6 +36,50 @@ FAST_WORKER_ENV = {
     "SPECDECK_REKICK_AFTER_SECONDS": "3",
     "SPECDECK_CANCEL_GRACE_SECONDS": "2",
 }
+
+
+# --- no process outlives its owner -------------------------------------------------------------
+
+def pytest_configure(config: pytest.Config) -> None:
+    processes.begin_session()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A killed earlier run left processes behind: stop them before they skew this one."""
+    if orphans := processes.orphans_of_dead_sessions():
+        print(f"\nstopping {len(orphans)} process(es) left by a test session that no longer "
+              f"runs:\n{processes.describe(orphans)}", flush=True)
+        processes.stop(orphans)
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite fails if anything it started still runs, and names it."""
+    left = processes.wait_gone(processes.SESSION_ENV, os.environ[processes.SESSION_ENV],
+                               processes.EXIT_GRACE)
+    if left:
+        session.config.get_terminal_writer().line(
+            f"\nFAILED: {len(left)} process(es) started by this test session still ran after "
+            f"it ended (now stopped):\n{processes.describe(left)}", red=True)
+        processes.stop(left)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test's processes are gone once its fixtures are torn down, even when it failed or
+    timed out; a survivor is stopped and fails the test, by name. (Autouse, so set up before
+    the test's other function fixtures, and torn down after them.)"""
+    mark = uuid.uuid4().hex[:12]
+    os.environ[processes.TEST_ENV] = mark
+    yield
+    del os.environ[processes.TEST_ENV]
+    left = processes.wait_gone(processes.TEST_ENV, mark, processes.EXIT_GRACE)
+    if left:
+        description = processes.describe(left)
+        processes.stop(left)
+        pytest.fail(f"{request.node.nodeid} left {len(left)} process(es) running "
+                    f"(now stopped):\n{description}", pytrace=False)
 
 
 def configure(env: dict[str, str]) -> None:
@@ -148,9 +195,11 @@ def _stack(name: str, db_url: str, broker_url: str, roots: dict[str, str], tmp: 
     }
     configure(env)
     stack = Stack(name=name, env=env, tmp=tmp)
-    yield stack
-    for worker in stack.workers:
-        worker.kill()
+    try:
+        yield stack
+    finally:
+        for worker in stack.workers:
+            worker.stop()
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
@@ -184,7 +233,8 @@ class WorkerProcess:
                "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
         log = stack.tmp / f"{name}.log"
         proc = subprocess.Popen([SPECDECK, "worker"], env=env, stdout=log.open("wb"),
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+                                preexec_fn=die_with_parent)
         worker = cls(name=name, proc=proc, log=log)
         worker.wait_ready(stack)
         return worker
@@ -199,6 +249,19 @@ class WorkerProcess:
                 return
             time.sleep(0.1)
         raise AssertionError(f"worker {self.name} not ready:\n{self.log.read_text()}")
+
+    def stop(self, timeout: float = processes.EXIT_GRACE * 2) -> None:
+        """What a process manager does: SIGTERM, then wait. The worker stops the processes of
+        its jobs and deployments and hands them back; SIGKILL only if it hangs."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"worker {self.name} did not stop within {timeout:.0f} s of "
+                                     f"SIGTERM:\n{self.log.read_text()[-4000:]}") from None
 
     def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
         """Kill only the worker process (its stage children live in their own sessions)."""

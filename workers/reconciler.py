@@ -1,5 +1,5 @@
 """The periodic reconciler, run by every worker: re-queue jobs (and re-place deployments) whose
-worker died (lease expired) and reap their orphaned processes, fail publishes whose worker
+worker died (lease expired) and stop the processes it left on this host, fail publishes whose worker
 died, schedule what waits, re-kick lost messages, purge captured traffic and live acceptance
 points past their retention, and heartbeat the worker."""
 
@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.db import session_scope
 from app.db.models import Checkpoint, Deployment, Job, Worker, utcnow
@@ -17,69 +20,99 @@ from app.services import capture, live_metrics
 from app.services import workers as registry
 from app.services.dispatch import kick
 from app.services.scheduling import MISSED_HEARTBEATS, schedule, unplace_from_dead_workers
-from app.services.state import LEASED, MACHINES, DeploymentStatus, JobStatus, StaleJob, transition
-from app.settings import Settings
-from workers.supervisor import reap
+from app.services.state import (LEASED, MACHINES, DeploymentStatus, JobStatus, StaleJob,
+                                record_event, transition)
+from app.settings import Settings, get_settings
+from workers.supervisor import Group, reap
 
 log = logging.getLogger(__name__)
 BATCH = 100
+# The statuses in which a worker holds the row's lease (and runs its processes).
+HELD = {Job: LEASED, Deployment: frozenset({DeploymentStatus.STARTING, DeploymentStatus.READY,
+                                             DeploymentStatus.STOPPING})}
 
 
-def reap_job_processes(job: Job | Deployment, host: str) -> None:
-    if job.pgid_host == host:
-        for pgid in job.pgids or []:
-            reap(pgid, job.id)
+def _lost(session: Session, row: Job | Deployment, why: str) -> None:
+    """A job or deployment whose worker is gone goes back: a job re-queued for its next attempt
+    (or failed at the retry limit), a deployment to pending (placed again); a cancel or a
+    delete in progress completes."""
+    if isinstance(row, Deployment):
+        if row.status == DeploymentStatus.STOPPING:
+            transition(session, row, DeploymentStatus.STOPPED, reason="deleted by user",
+                       message=f"{why}; stop completed", columns={"upstream_url": None})
+        else:
+            transition(session, row, DeploymentStatus.PENDING,
+                       reason="re-placed after its worker was lost", message=why,
+                       columns={"upstream_url": None})
+    elif row.status == JobStatus.CANCELLING:
+        transition(session, row, JobStatus.CANCELLED, reason="cancelled by user",
+                   message=f"{why}; cancel completed")
+    elif row.attempt >= (limit := get_settings().max_attempts):
+        transition(session, row, JobStatus.FAILED, error_code="worker_lost",
+                   reason=f"{why} (attempt {row.attempt}); retry limit of {limit} attempts reached")
+    else:
+        transition(session, row, JobStatus.QUEUED, reason="re-queued after a worker was lost",
+                   message=f"{why}; re-queued for attempt {row.attempt + 1}")
 
 
-def expire_deployment_leases(settings: Settings, host: str) -> int:
-    """Deployments whose worker died: back to pending (placed again), or stopped if deleted."""
-    leased = [DeploymentStatus.STARTING.value, DeploymentStatus.READY.value,
-              DeploymentStatus.STOPPING.value]
-    with session_scope() as session:
-        expired = session.scalars(
-            select(Deployment).where(Deployment.status.in_(leased), Deployment.lock_expires_at < utcnow())
-            .limit(BATCH).with_for_update(skip_locked=True)).all()
-        for deployment in expired:
-            reap_job_processes(deployment, host)
-            lost = f"worker {deployment.lock_owner} stopped heartbeating"
-            try:
-                if deployment.status == DeploymentStatus.STOPPING:
-                    transition(session, deployment, DeploymentStatus.STOPPED, reason="deleted by user",
-                               message=f"{lost}; stop completed", columns={"upstream_url": None})
-                else:
-                    transition(session, deployment, DeploymentStatus.PENDING,
-                               reason="re-placed after its worker was lost", message=lost,
-                               columns={"upstream_url": None})
-            except StaleJob:
-                continue
-        return len(expired)
+@dataclass(frozen=True)
+class Orphans:
+    """The process groups a lost worker recorded for one job or deployment on this host."""
+
+    model: type[Job] | type[Deployment]
+    row_id: str
+    groups: list[Group]
+    why: str
+
+
+def _hand_back(rows: list[Job | Deployment], session: Session, why: Callable[[Job | Deployment], str],
+               host: str) -> list[Orphans]:
+    """Hand each row back (committed with the caller's session); returns the process groups
+    its worker left on this host, to be stopped once the rows' locks are released."""
+    orphans = []
+    for row in rows:
+        groups = [Group.from_json(g) for g in row.pgids or []] if row.pgid_host == host else []
+        try:
+            _lost(session, row, why(row))
+        except StaleJob:
+            continue
+        if groups:
+            orphans.append(Orphans(type(row), row.id, groups, why(row)))
+    return orphans
+
+
+def stop_orphans(found: list[Orphans]) -> None:
+    """Stop what a lost worker left running (only processes that are still the ones it
+    started: same boot, same start time, the job's id in their environment) and say so on
+    the job or deployment."""
+    for orphans in found:
+        pids = [pid for group in orphans.groups for pid in reap(group, orphans.row_id)]
+        if not pids:
+            continue
+        with session_scope() as session:
+            row = session.get(orphans.model, orphans.row_id)
+            record_event(session, row, "orphans_stopped",
+                         f"{orphans.why}: the processes it left running were stopped "
+                         f"(pids {', '.join(map(str, sorted(pids)))})", {"pids": sorted(pids)})
 
 
 def expire_leases(settings: Settings, host: str) -> int:
-    """Jobs whose lease ran out: re-queue (up to the retry limit), or fail, or finish a cancel."""
+    """Jobs and deployments whose lease ran out (their worker stopped heartbeating) go back,
+    and what the worker left running on this host is stopped."""
+    found: list[Orphans] = []
     handled = 0
     with session_scope() as session:
-        expired = session.scalars(
-            select(Job).where(Job.status.in_([s.value for s in LEASED]),
-                              Job.lock_expires_at < utcnow())
-            .order_by(Job.lock_expires_at).limit(BATCH).with_for_update(skip_locked=True)
-        ).all()
-        for job in expired:
-            reap_job_processes(job, host)
-            lost = f"worker {job.lock_owner} stopped heartbeating (attempt {job.attempt})"
-            try:
-                if job.status == JobStatus.CANCELLING:
-                    transition(session, job, JobStatus.CANCELLED, reason="cancelled by user",
-                               message=f"{lost}; cancel completed")
-                elif job.attempt >= settings.max_attempts:
-                    transition(session, job, JobStatus.FAILED, error_code="worker_lost",
-                               reason=f"{lost}; retry limit of {settings.max_attempts} attempts reached")
-                else:
-                    transition(session, job, JobStatus.QUEUED, reason="re-queued after a worker was lost",
-                               message=f"{lost}; lease expired, re-queued for attempt {job.attempt + 1}")
-                handled += 1
-            except StaleJob:
-                continue
+        for model in (Job, Deployment):
+            expired = session.scalars(
+                select(model).where(model.status.in_([s.value for s in HELD[model]]),
+                                    model.lock_expires_at < utcnow())
+                .order_by(model.lock_expires_at).limit(BATCH).with_for_update(skip_locked=True)
+            ).all()
+            found += _hand_back(list(expired), session,
+                                lambda row: f"worker {row.lock_owner} stopped heartbeating (lease expired)",
+                                host)
+            handled += len(expired)
+    stop_orphans(found)
     return handled
 
 
@@ -120,20 +153,29 @@ def rekick_queued(settings: Settings) -> int:
     return count
 
 
-def reap_own_orphans(worker_id: str, host: str) -> None:
-    """At start-up: a previous incarnation of this worker died; kill what it left running."""
+def recover_own(worker_id: str, host: str) -> int:
+    """At start-up: an earlier run of this worker died (SIGKILL, OOM, power) holding jobs or
+    deployments. Hand them back now rather than when their leases run out, and stop what it
+    left running here."""
+    found: list[Orphans] = []
+    handed_back = 0
     with session_scope() as session:
         for model in (Job, Deployment):
-            for row in session.scalars(select(model).where(model.lock_owner == worker_id,
-                                                           model.pgid_host == host)):
-                reap_job_processes(row, host)
+            rows = session.scalars(
+                select(model).where(model.status.in_([s.value for s in HELD[model]]),
+                                    model.lock_owner == worker_id)
+                .with_for_update(skip_locked=True)).all()
+            found += _hand_back(list(rows), session,
+                                lambda row: f"worker {worker_id} restarted", host)
+            handed_back += len(rows)
+    stop_orphans(found)
+    return handed_back
 
 
 def reconcile_once(settings: Settings, worker_id: str, host: str) -> None:
     with session_scope() as session:
         registry.heartbeat(session, worker_id)
     expire_leases(settings, host)
-    expire_deployment_leases(settings, host)
     fail_orphaned_publishes(settings)
     with session_scope() as session:
         capture.purge_expired(session)  # traffic capture's retention

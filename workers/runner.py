@@ -19,7 +19,7 @@ from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_even
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
 from workers.runtimes import JobPaths, Plan, StageCommand
-from workers.supervisor import ManagedProcess, tail
+from workers.supervisor import Group, ManagedProcess, tail
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class JobContext:
     _watched: list[tuple[str, ManagedProcess, Path]] = field(default_factory=list)
     _stopped: list[ManagedProcess] = field(default_factory=list)
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
-    _pgids: list[int] = field(default_factory=list)
+    _groups: list[Group] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -131,13 +131,15 @@ class JobContext:
         self._cleanups.clear()
 
     def _track(self, pgid: int, add: bool) -> None:
+        """Record the job's live process groups on its row (with what identifies each), so a
+        worker that outlives this one can stop them (workers/reconciler.py)."""
         with self._lock:
             if add:
-                self._pgids.append(pgid)
-            elif pgid in self._pgids:
-                self._pgids.remove(pgid)
-            pgids = list(self._pgids)  # written under the lock: the latest list wins
-            self.write(lambda session: self.lease.update(session, pgids=pgids, pgid_host=HOST))
+                self._groups.append(Group.of(pgid))
+            else:
+                self._groups = [g for g in self._groups if g.pgid != pgid]
+            groups = [g.to_json() for g in self._groups]  # written under the lock: the latest wins
+            self.write(lambda session: self.lease.update(session, pgids=groups, pgid_host=HOST))
 
     def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
               log_path: Path | None = None) -> ManagedProcess:

@@ -1,5 +1,5 @@
 """Subprocess supervision: each stage in its own process group, output to the job's log,
-SIGTERM then SIGKILL on stop, and reaping of orphans left by a dead worker."""
+SIGTERM then SIGKILL on stop, and stopping the orphans a dead worker left (``Group``, ``reap``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from app.supervise import signal_group
+from app.supervise import group_alive, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +26,6 @@ def redact(line: str, secrets: Iterable[str]) -> str:
         if secret:
             line = line.replace(secret, "***")
     return line
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ManagedProcess:
@@ -118,15 +110,63 @@ class ManagedProcess:
         return code
 
 
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/<pid>/stat): with
+    the boot id, what tells a process from a later one that got the same PID."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group a job started, as recorded on its row: enough to find it again after
+    the worker died, and never to take a later group with the same id for it."""
+
+    pgid: int
+    started: int | None  # the leader's start time (None on rows written before it was kept)
+    boot: str | None
+
+    @classmethod
+    def of(cls, pgid: int) -> Group:
+        return cls(pgid, _start_time(pgid), _boot_id())
+
+    @classmethod
+    def from_json(cls, value: int | dict[str, Any]) -> Group:
+        if isinstance(value, int):
+            return cls(value, None, None)
+        return cls(int(value["pgid"]), value.get("started"), value.get("boot"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pgid": self.pgid, "started": self.started, "boot": self.boot}
+
+    def is_current(self) -> bool:
+        """Still the group that was recorded: same boot and, while its leader lives, the same
+        leader. (A leader that died leaves its group's id unused until the last member goes, so
+        members of a group whose leader is gone are still the recorded group's.)"""
+        if self.boot is not None and self.boot != _boot_id():
+            return False
+        started = _start_time(self.pgid)
+        return started is None or self.started is None or started == self.started
+
+
 def _group_members(pgid: int) -> list[int]:
+    """The live members of a process group (zombies are dead already, whatever their group)."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    members.append(int(entry.name))
-            except ProcessLookupError:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
                 continue
+            if stat[0] != "Z" and int(stat[2]) == pgid:
+                members.append(int(entry.name))
     return members
 
 
@@ -138,17 +178,22 @@ def _belongs_to(pid: int, job_id: str) -> bool:
     return f"{JOB_ENV}={job_id}".encode() in environ.split(b"\0")
 
 
-def reap(pgid: int, job_id: str, grace: float = 5.0) -> bool:
-    """Kill an orphaned process group, but only if it really runs this job (pgids get reused)."""
-    if not any(_belongs_to(pid, job_id) for pid in _group_members(pgid)):
-        return False
-    log.warning("reaping orphaned process group %s of %s", pgid, job_id)
-    signal_group(pgid, signal.SIGTERM)
+def reap(group: Group, job_id: str, grace: float = 5.0) -> list[int]:
+    """Stop a process group a dead worker left behind (SIGTERM, ``grace`` seconds, SIGKILL),
+    but only if it is still the one recorded and runs this job. Returns the PIDs stopped (vLLM's
+    EngineCore included: it lives in its API server's group)."""
+    if not group.is_current():
+        return []
+    members = [pid for pid in _group_members(group.pgid) if _belongs_to(pid, job_id)]
+    if not members:
+        return []
+    log.warning("stopping orphaned process group %s of %s (pids %s)", group.pgid, job_id, members)
+    signal_group(group.pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and group_alive(pgid):
+    while time.monotonic() < deadline and _group_members(group.pgid):
         time.sleep(0.05)
-    signal_group(pgid, signal.SIGKILL)
-    return True
+    signal_group(group.pgid, signal.SIGKILL)
+    return members
 
 
 TAIL_BLOCK = 64 * 1024

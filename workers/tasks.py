@@ -21,7 +21,7 @@ from workers.deployments import run_deployment
 from workers.gpus import detect_gpus
 from workers.lease import claim
 from workers.publish import MissingToken, prepare, record
-from workers.reconciler import Reconciler, reap_own_orphans
+from workers.reconciler import Reconciler, recover_own
 from workers.runner import HOST, SHUTTING_DOWN, run_job
 from workers.supervisor import ManagedProcess, tail
 from workers.webhooks import WebhookDispatcher
@@ -103,7 +103,9 @@ def _on_worker_ready(**_: object) -> None:
         registry.register(session, worker_id=settings.worker_name, host=HOST, queue=settings.worker_queue,
                           gpus=gpus, capacity=settings.worker_concurrency,
                           serving_slots=settings.worker_serving_slots)
-    reap_own_orphans(settings.worker_name, HOST)
+    if handed_back := recover_own(settings.worker_name, HOST):
+        log.warning("handed back %d job(s)/deployment(s) an earlier run of %s held", handed_back,
+                    settings.worker_name)
     _reconciler = Reconciler(settings, settings.worker_name, HOST)
     _reconciler.start()
     _webhooks = WebhookDispatcher(settings, settings.worker_name)

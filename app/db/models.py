@@ -85,7 +85,8 @@ class Leased:
     lock_owner: Mapped[str | None] = mapped_column(String(255))
     lock_token: Mapped[str | None] = mapped_column(String(64))
     lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    pgids: Mapped[list[int] | None] = mapped_column(JSON)
+    # The process groups it runs: [{"pgid", "started", "boot"}] (workers/supervisor.Group).
+    pgids: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     pgid_host: Mapped[str | None] = mapped_column(String(255))
     kicked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # A worker and its GPU indices (or a CPU slot).

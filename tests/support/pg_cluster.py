@@ -12,6 +12,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from tests.support.processes import without_test_marker
+
 # PostgreSQL refuses to run as root: run its tools as the ``postgres`` user then.
 _AS_POSTGRES = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
@@ -44,9 +46,12 @@ class PrivateCluster:
         subprocess.run([*_AS_POSTGRES, *argv], check=True, capture_output=True, cwd=self.dir)
 
     def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                  "-c fsync=off", "start")
+        """The server belongs to the cluster's owner (a module's fixture), not to the test that
+        restarts it."""
+        with without_test_marker():
+            self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w",
+                      "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                      "-c fsync=off", "start")
 
     def stop(self) -> None:
         """``pg_ctl stop -m fast``: every connection is cut, as in a real outage."""
