@@ -36,8 +36,30 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
+        event.listen(engine, "before_cursor_execute", _sqlite_lock_for_update)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _sqlite_lock_for_update(_conn, cursor, _sql, _params, context, _many) -> None:  # noqa: ANN001
+    """On SQLite, a SELECT that asked for FOR UPDATE (or FOR SHARE) first takes the write lock.
+
+    SQLite has no row locks, so SQLAlchemy leaves FOR UPDATE out of its SQL; and pysqlite opens a
+    transaction only before an INSERT, UPDATE or DELETE, so the SELECT would run on its own, and
+    two requests of a project could both read, both pass a check (a quota, its last active key)
+    and both write. ``BEGIN IMMEDIATE`` opens the transaction with the database's write lock,
+    held until SQLAlchemy's COMMIT or ROLLBACK ends it (pysqlite follows the connection's state);
+    another one waits for it (busy_timeout), then reads what it wrote. That is more than a row
+    lock (one writer at a time, as on SQLite anyway) and never less.
+
+    A transaction already open began with a write, which took the write lock already. The one
+    exception: a SAVEPOINT (``begin_nested``) opened on a fresh connection, with the locking
+    SELECT before its first write: nothing upgrades that read to a lock. No caller does that.
+    """
+    compiled = context.compiled
+    if compiled is not None and getattr(compiled.statement, "_for_update_arg", None) is not None \
+            and not cursor.connection.in_transaction:
+        cursor.execute("BEGIN IMMEDIATE")
 
 
 @lru_cache

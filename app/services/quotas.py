@@ -5,7 +5,8 @@ limit and the setting; the request's transaction rolls back, so nothing is creat
 Each check locks the project's row until the transaction ends, so two requests of one project
 cannot both pass it past the limit. The lock is FOR NO KEY UPDATE: the KEY SHARE lock that
 inserting a row of the project takes (its foreign key) does not wait for it, nor it for that.
-SQLite ignores it; it has one writer at a time.
+SQLite has no row locks: there the same statement takes the database's write lock (``BEGIN
+IMMEDIATE``, ``app.db``) until the transaction ends, so every other write waits for it.
 """
 
 from __future__ import annotations

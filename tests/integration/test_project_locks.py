@@ -1,0 +1,224 @@
+"""Per-project locks over real HTTP, on both databases: a ``specdeck api`` process, and requests
+of one project sent from threads released together by a barrier (each on a connection of its
+own, opened before), so they really overlap. Keys revoking each other leave the project an
+active key; creates racing at a quota minus one make exactly one of them and refuse the rest."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, SPECDECK, Stack, write_dataset, write_verifier
+from tests.e2e.conftest import free_port
+from tests.integration.test_deployments_api import write_drafter
+from tests.integration.test_quotas import assert_quota_exceeded, conversations
+
+if TYPE_CHECKING:
+    from app.services.keys import NewKey
+
+QUOTA = 3  # each per-project quota of the API process (dataset bytes: QUOTA uploads)
+RACERS = 6
+ROUNDS = 5
+UPLOAD_BYTES = len(conversations(1))  # the same for every call: only its random tag differs
+
+VERIFIER, DRAFTER, DATASET = "tiny", "drafter", "chat.jsonl"
+
+Call = Callable[[httpx.Client], httpx.Response]
+
+
+@dataclass
+class Server:
+    url: str
+    stack: Stack
+
+    def scalar(self, sql: str, **params: object) -> object:
+        return self.stack.scalar(sql, **params)
+
+
+@pytest.fixture
+def server(stack: Stack, tmp_path: Path) -> Iterator[Server]:
+    """``specdeck api`` on the stack's database, its quotas lowered to QUOTA; the files that
+    jobs and deployments name are in place."""
+    write_verifier(stack.models_root, VERIFIER)
+    write_drafter(stack.models_root, DRAFTER)
+    write_dataset(stack.data_root, DATASET)
+    quotas = {"ACTIVE_JOBS": QUOTA, "ACTIVE_DEPLOYMENTS": QUOTA, "API_KEYS": QUOTA,
+              "WEBHOOKS": QUOTA, "DATASET_BYTES": QUOTA * UPLOAD_BYTES}
+    env = {**os.environ, **stack.env, "SPECDECK_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+           **{f"SPECDECK_QUOTA_{name}": str(value) for name, value in quotas.items()}}
+    port, log = free_port(), tmp_path / "api.log"
+    proc = subprocess.Popen([SPECDECK, "api", "--host", "127.0.0.1", "--port", str(port),
+                             "--no-access-log"], env=env, cwd=ROOT, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc, log)
+        yield Server(url, stack)
+    finally:
+        stop(proc)
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"specdeck api exited:\n{log.read_text()}"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"specdeck api never got ready:\n{log.read_text()}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def race(url: str, calls: list[Call]) -> list[httpx.Response]:
+    """Each call in a thread of its own, all released at once; their answers, in order."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Call) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            client.get("/healthz").raise_for_status()  # connected before the start
+            barrier.wait(timeout=30)
+            return call(client)
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [future.result() for future in [pool.submit(run, call) for call in calls]]
+
+
+def auth(plaintext: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {plaintext}"}
+
+
+def project_keys(n: int) -> list[NewKey]:
+    """``n`` keys of a new project (made in this process, as `specdeck admin keys create` does)."""
+    from app.db import session_scope
+    from app.services.keys import create_key
+
+    project = f"locks-{uuid.uuid4().hex[:8]}"
+    with session_scope() as session:
+        return [create_key(session, project) for _ in range(n)]
+
+
+def active_keys(server: Server, project_id: str) -> int:
+    return int(server.scalar("SELECT count(*) FROM api_keys WHERE project_id = :p "
+                             "AND revoked_at IS NULL", p=project_id))
+
+
+def revoke(key: NewKey, other: NewKey) -> Call:
+    return lambda client: client.delete(f"/api/keys/{other.key.id}", headers=auth(key.plaintext))
+
+
+# Keys revoking each other ----------------------------------------------------------------
+
+def test_two_keys_revoking_each_other_leave_one_active(server: Server) -> None:
+    for _ in range(ROUNDS):
+        a, b = project_keys(2)
+        answers = race(server.url, [revoke(a, b), revoke(b, a)])
+        codes = sorted(r.status_code for r in answers)
+        # The loser was revoked before it was authenticated (401), or after (409 last_key).
+        assert codes in ([200, 401], [200, 409]), [r.text for r in answers]
+        assert active_keys(server, a.key.project_id) == 1
+
+
+def test_three_keys_revoking_in_a_cycle_leave_one_active(server: Server) -> None:
+    for _ in range(ROUNDS):
+        a, b, c = project_keys(3)
+        answers = race(server.url, [revoke(a, b), revoke(b, c), revoke(c, a)])
+        assert {r.status_code for r in answers} <= {200, 401, 409}, [r.text for r in answers]
+        assert active_keys(server, a.key.project_id) >= 1
+
+
+# Creates racing at a quota minus one -------------------------------------------------------
+
+@dataclass
+class Quota:
+    setting: str
+    create: Callable[[httpx.Client, str, str], httpx.Response]  # (client, key, a unique tag)
+    sql: str  # how much of it the project :p holds, in creates
+    param: str | None = None
+
+    def held(self, server: Server, project: str) -> int:
+        return int(server.scalar(self.sql, p=project))  # a Decimal on Postgres (its sum)
+
+
+def create_job(client: httpx.Client, key: str, tag: str) -> httpx.Response:
+    body = {"verifier": VERIFIER, "dataset": DATASET, "runtime": "local"}
+    return client.post("/api/jobs", json=body, headers=auth(key))
+
+
+def create_deployment(client: httpx.Client, key: str, tag: str) -> httpx.Response:
+    body = {"name": f"d-{tag}", "drafter": DRAFTER, "verifier": VERIFIER, "runtime": "local"}
+    return client.post("/api/deployments", json=body, headers=auth(key))
+
+
+def upload(client: httpx.Client, key: str, tag: str) -> httpx.Response:
+    file = (f"{tag}.jsonl", conversations(1), "application/jsonl")
+    return client.post("/api/datasets", files={"file": file}, headers=auth(key))
+
+
+def create_key(client: httpx.Client, key: str, tag: str) -> httpx.Response:
+    return client.post("/api/keys", json={"name": tag}, headers=auth(key))
+
+
+def create_webhook(client: httpx.Client, key: str, tag: str) -> httpx.Response:
+    hook = {"url": f"http://127.0.0.1:9/hook-{tag}", "events": ["job.succeeded"]}
+    return client.post("/api/webhooks", json=hook, headers=auth(key))
+
+
+QUOTAS = {  # no worker runs: every job and deployment stays active
+    "jobs": Quota("QUOTA_ACTIVE_JOBS", create_job,
+                  "SELECT count(*) FROM jobs WHERE project_id = :p"),
+    "deployments": Quota("QUOTA_ACTIVE_DEPLOYMENTS", create_deployment,
+                         "SELECT count(*) FROM deployments WHERE project_id = :p"),
+    # QUOTA uploads of UPLOAD_BYTES fill it exactly.
+    "dataset_bytes": Quota("QUOTA_DATASET_BYTES", upload, "SELECT coalesce(sum(num_bytes), 0) / "
+                           f"{UPLOAD_BYTES} FROM datasets WHERE project_id = :p", param="file"),
+    # The project's first key counts too.
+    "api_keys": Quota("QUOTA_API_KEYS", create_key,
+                      "SELECT count(*) FROM api_keys WHERE project_id = :p AND revoked_at IS NULL"),
+    "webhooks": Quota("QUOTA_WEBHOOKS", create_webhook,
+                      "SELECT count(*) FROM webhooks WHERE project_id = :p"),
+}
+
+
+@pytest.mark.parametrize("name", QUOTAS)
+def test_creates_racing_at_a_quota_minus_one_make_exactly_one(server: Server, name: str) -> None:
+    quota = QUOTAS[name]
+    [key] = project_keys(1)
+    project = key.key.project_id
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for i in range(QUOTA - 1 - quota.held(server, project)):
+            made = quota.create(client, key.plaintext, f"setup-{i}")
+            assert made.status_code == 201, made.text
+    assert quota.held(server, project) == QUOTA - 1
+
+    answers = race(server.url, [
+        lambda client, i=i: quota.create(client, key.plaintext, f"racer-{i}")
+        for i in range(RACERS)])
+    codes = [r.status_code for r in answers]
+    assert sorted(codes) == [201] + [429] * (RACERS - 1), [r.text for r in answers]
+    for refused in (r for r in answers if r.status_code == 429):
+        assert_quota_exceeded(refused, quota.setting, param=quota.param)
+    assert quota.held(server, project) == QUOTA
