@@ -22,7 +22,8 @@ from tests.integration.test_dispatch import wait_for
 from tests.support.drafters import write_untrained_drafter
 from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Generous: run on its own, a test also makes the session's demo assets (minutes on 2 cores).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 # Scrape every 0.5 s (health checks every 0.3 s); a few requests make enough drafts to judge.
 LIVE_ENV = {"SPECDECK_HEALTH_CHECK_SECONDS": "0.3", "SPECDECK_LIVE_METRICS_SECONDS": "0.5",
@@ -57,7 +58,7 @@ def stream_chunks(api: Api, model: str, messages: list[dict[str, str]]) -> list[
 
 def wait_ready(api: Api, deployment_id: str) -> dict[str, Any]:
     deployment = wait_for(lambda: (d := api.get(f"/api/deployments/{deployment_id}").json())
-                          ["status"] in ("ready", "failed") and d, 120, "the deployment")
+                          ["status"] in ("ready", "failed") and d, 300, "the deployment")
     assert deployment["status"] == "ready", deployment
     return deployment
 
@@ -117,7 +118,7 @@ def test_the_series_records_live_acceptance_and_responses_carry_their_own(
 
     # The worker's scrapes add up to what the responses report, request for request.
     body = wait_for(lambda: (b := series(pg_api, deployment_id))["window"]["requests"] == 5 and b,
-                    30, "the scrapes of the five requests")
+                    120, "the scrapes of the five requests")
     points = body["data"]
     assert sum(p["num_drafts"] for p in points) == drafts
     assert sum(p["num_accepted_tokens"] for p in points) == accepted
@@ -179,7 +180,7 @@ def test_an_untrained_drafter_raises_the_acceptance_drop_alert_once(
         reply = chat(pg_api, "swapped", messages)
         assert reply["metrics"]["speculative_decoding"]["num_spec_tokens"] == 3
 
-    [request] = receiver.wait("deployment.acceptance_dropped", timeout=60)
+    [request] = receiver.wait("deployment.acceptance_dropped", timeout=120)
     payload = request.verify(hook.json()["secret"])
     assert payload["data"]["id"] == deployment_id
     numbers = payload["data"]["acceptance"]
@@ -190,7 +191,7 @@ def test_an_untrained_drafter_raises_the_acceptance_drop_alert_once(
     # More traffic at the same low acceptance: still one alert in this episode.
     for messages in prompts(6)[4:]:
         chat(pg_api, "swapped", messages)
-    wait_for(lambda: series(pg_api, deployment_id)["window"]["requests"] == 6, 30, "the scrapes")
+    wait_for(lambda: series(pg_api, deployment_id)["window"]["requests"] == 6, 120, "the scrapes")
     events = [e for e in pg_api.get(f"/api/deployments/{deployment_id}/events").json()["data"]
               if e["kind"] in ("acceptance_dropped", "acceptance_recovered")]
     assert [e["kind"] for e in events] == ["acceptance_dropped"]

@@ -134,9 +134,11 @@ def live_points(api: Api, deployment_id: str) -> list[dict]:
 
 def test_capture_retrain_promote_while_streaming_and_roll_back(
         pg_api: Api, pg_stack: Stack, demo, gateway, demo_assets, tmp_path: Path) -> None:  # noqa: F811
+    # The drain grace covers a request the gateway routed to the old engine just before its
+    # route cache expired but that reaches the engine only later: generous on a busy machine.
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE, **LIVE_ENV,
                           SPECDECK_GATEWAY_CAPTURE_FLUSH_SECONDS="0.2",
-                          SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="1")
+                          SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
     first = pg_api.post("/api/jobs", json={**demo, "runtime": "local", "evaluate": SMALL_EVALUATION,
                                            "speculator": {**CPU_SPECULATOR, "epochs": 1}}).json()
     first = pg_api.wait_status(first["id"], {"succeeded", "failed"}, timeout=900)
@@ -173,7 +175,7 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
     dataset = pg_api.get(f"/api/datasets/{capture_dataset}").json()
     assert dataset["kind"] == "capture" and dataset["num_conversations"] == CAPTURE_ROWS, dataset
     window = wait_for(lambda: (w := pg_api.get(path + "/metrics").json()["window"])["requests"]
-                      >= len(conversations) and w, 30, "the scrapes of the 200 requests")
+                      >= len(conversations) and w, 120, "the scrapes of the 200 requests")
     assert window["drafter"] == drafter_a["path"] and window["acceptance_length"] > 1, window
     points_a = [p for p in live_points(pg_api, dep_id) if p["num_drafts"]]
     assert points_a and {p["checkpoint_id"] for p in points_a} == {drafter_a["id"]}
@@ -222,7 +224,7 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
     row = pg_api.get(path).json()
     assert row["status"] == "ready" and row["drafter"] == drafter_b["path"]
     assert row["source"]["checkpoint_id"] == drafter_b["id"]
-    wait_for(lambda: engine_drafters(dep_id) == [drafter_b["path"]], 30, "A's engine to be gone")
+    wait_for(lambda: engine_drafters(dep_id) == [drafter_b["path"]], 120, "A's engine to be gone")
     b_upstream = pg_stack.scalar("SELECT upstream_url FROM deployments WHERE id = :id", id=dep_id)
     steps = [e["data"]["step"] for e in pg_api.get(path + "/events", params={"limit": 100}).json()["data"]
              if e["kind"] == "promotion" and e["data"]["promotion"] == promoted["id"]]
@@ -236,7 +238,7 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
     ask_all(client, demo_prompts(8, seed=1))
     points_b = wait_for(lambda: [p for p in live_points(pg_api, dep_id)
                                  if p["checkpoint_id"] == drafter_b["id"] and p["num_drafts"]],
-                        30, "live points of the new drafter")
+                        120, "live points of the new drafter")
     assert all(p["drafter"] == drafter_b["path"] and p["acceptance_length"] >= 1 for p in points_b)
     assert min(p["id"] for p in points_b) > max(p["id"] for p in points_a)
     assert pg_api.get(path + "/metrics").json()["window"]["drafter"] == drafter_b["path"]
@@ -249,7 +251,7 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
     assert rolled["id"] == rollback.json()["id"] and rolled["status"] == "succeeded", rolled
     assert streamer.failures == [] and set(streamer.texts) == {expected}
     assert pg_api.get(path).json()["drafter"] == drafter_a["path"]
-    wait_for(lambda: engine_drafters(dep_id) == [drafter_a["path"]], 30, "B's engine to be gone")
+    wait_for(lambda: engine_drafters(dep_id) == [drafter_a["path"]], 120, "B's engine to be gone")
     assert pg_stack.scalar("SELECT upstream_url FROM deployments WHERE id = :id", id=dep_id) != b_upstream
 
     # A broken drafter (its weights are garbage): the new engine never becomes ready, the
@@ -265,7 +267,7 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
     assert after["status"] == "ready" and after["drafter"] == drafter_a["path"]
     assert pg_stack.scalar("SELECT upstream_url FROM deployments WHERE id = :id", id=dep_id) == upstream
     assert engine_drafters(dep_id) == [drafter_a["path"]]
-    assert httpx.get(f"{upstream}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{upstream}/health", timeout=30).status_code == 200
 
 
 def broken_checkpoint(stack: Stack, job_id: str, good: Path) -> str:

@@ -41,14 +41,17 @@ def ts(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def test_a_worker_claims_a_created_job_within_one_second_on_redis(pg_api: Api, pg_job_body,
-                                                                   pg_stack: Stack) -> None:
-    pg_stack.start_worker()
+def test_a_worker_claims_a_created_job_from_its_redis_message(pg_api: Api, pg_job_body,
+                                                              pg_stack: Stack) -> None:
+    """The API's kick reaches the worker through Redis: with the reconciler's re-kick out of
+    the way, that message is the only way the job can be claimed. (How fast: timings never go
+    into pass/fail tests; benchmarks/dispatch.py measures the claim latency.)"""
+    worker = pg_stack.start_worker(SPECDECK_REKICK_AFTER_SECONDS="3600")
     job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.5"})).json()
-    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
+    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
     claim = claims(pg_api, job["id"])
     assert len(claim) == 1
-    assert (ts(claim[0]["created_at"]) - ts(job["created_at"])).total_seconds() < 1.0
+    assert f"re-kicking {job['id']}" not in worker.log.read_text()
     assert done["attempt"] == 1
     assert [e["status"] for e in pg_api.events(job["id"]) if e["kind"] == "status"] == \
         ["queued", "running", "running", "succeeded"]
@@ -59,8 +62,10 @@ def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
     from app.services.dispatch import send_run_job
 
     # Two worker processes, each able to run two tasks at once: the duplicates race for real.
-    pg_stack.start_worker(SPECDECK_WORKER_CONCURRENCY="2")
-    pg_stack.start_worker(SPECDECK_WORKER_CONCURRENCY="2")
+    # No re-kicks: a job still queued after REKICK_AFTER (3 s) on a busy machine would get one
+    # more message, and one more no-op than the three counted below.
+    for _ in range(2):
+        pg_stack.start_worker(SPECDECK_WORKER_CONCURRENCY="2", SPECDECK_REKICK_AFTER_SECONDS="3600")
     job = pg_api.post("/api/jobs", json=pg_job_body(
         metadata={"test_seconds": "1.5", "test_pid_dir": str(tmp_path)})).json()
     queue = f"{pg_stack.env['SPECDECK_QUEUE']}.{job['worker']}"
@@ -68,10 +73,10 @@ def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
     for _ in range(2):
         send_run_job(job["id"], queue)
     send_run_job(job["id"], f"{pg_stack.env['SPECDECK_QUEUE']}.{other}")  # and to the wrong worker
-    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
+    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
     # Every one of the three duplicates was consumed, and each found the job taken.
     no_ops = f"job {job['id']} is not queued (duplicate or stale message): nothing to do"
-    wait_for(lambda: sum(w.log.read_text().count(no_ops) for w in pg_stack.workers) == 3, 10,
+    wait_for(lambda: sum(w.log.read_text().count(no_ops) for w in pg_stack.workers) == 3, 60,
              "the duplicates to be consumed")
     assert done["attempt"] == 1
     assert len(claims(pg_api, job["id"])) == 1
@@ -81,15 +86,16 @@ def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
 def test_c_sigkilled_worker_job_is_requeued_and_finished_by_another(pg_api: Api, pg_job_body,
                                                                     pg_stack: Stack, tmp_path: Path) -> None:
     first = pg_stack.start_worker("first")
+    # 10 s: ample time, on a busy machine too, to kill the worker while the child still runs.
     job = pg_api.post("/api/jobs", json=pg_job_body(
-        metadata={"test_seconds": "4", "test_pid_dir": str(tmp_path)})).json()
+        metadata={"test_seconds": "10", "test_pid_dir": str(tmp_path)})).json()
     orphan_pid, orphan_pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30,
                                        "the first attempt's child")
     first.kill()  # SIGKILL: no cleanup, the child lives on in its own session
     assert group_alive(orphan_pgid)
 
     pg_stack.start_worker("second")
-    done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=60)
+    done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=120)
     assert done["status"] == "succeeded", done
     assert done["attempt"] == 2
     messages = [e["message"] for e in pg_api.events(job["id"])]
@@ -108,7 +114,7 @@ def test_retry_limit_fails_the_job_with_a_reason(pg_api: Api, pg_job_body, pg_st
     _, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
     worker.kill()
     pg_stack.start_worker("reaper", SPECDECK_MAX_ATTEMPTS="1")
-    failed = pg_api.wait_status(job["id"], {"failed", "succeeded"}, timeout=30)
+    failed = pg_api.wait_status(job["id"], {"failed", "succeeded"}, timeout=60)
     assert failed["status"] == "failed"
     assert failed["error_code"] == "worker_lost"
     assert "retry limit of 1 attempts reached" in failed["status_reason"]
@@ -116,9 +122,8 @@ def test_retry_limit_fails_the_job_with_a_reason(pg_api: Api, pg_job_body, pg_st
 
 
 @pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["sigterm", "sigkill-after-grace"])
-def test_d_cancel_stops_the_process_group_within_ten_seconds(pg_api: Api, pg_job_body,
-                                                             pg_stack: Stack, tmp_path: Path,
-                                                             ignore_sigterm: bool) -> None:
+def test_d_cancel_stops_the_process_group(pg_api: Api, pg_job_body, pg_stack: Stack,
+                                         tmp_path: Path, ignore_sigterm: bool) -> None:
     pg_stack.start_worker()
     meta = {"test_seconds": "120", "test_pid_dir": str(tmp_path)}
     if ignore_sigterm:
@@ -126,9 +131,10 @@ def test_d_cancel_stops_the_process_group_within_ten_seconds(pg_api: Api, pg_job
     job = pg_api.post("/api/jobs", json=pg_job_body(metadata=meta)).json()
     pid, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
     assert pg_api.post(f"/api/jobs/{job['id']}/cancel").json()["status"] == "cancelling"
-    start = time.monotonic()
-    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=10)
-    wait_for(lambda: not group_alive(pgid), 10 - (time.monotonic() - start), "the group to go")
+    # The child runs 120 s: only the cancel (SIGTERM, or SIGKILL after the 2 s grace) ends it
+    # within these deadlines, which are generous for a busy machine (no timing is asserted).
+    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=60)
+    wait_for(lambda: not group_alive(pgid), 60, "the group to go")
     assert done["status"] == "cancelled" and done["finished_at"]
     statuses = [e["status"] for e in pg_api.events(job["id"]) if e["kind"] == "status"]
     assert statuses[-2:] == ["cancelling", "cancelled"]
@@ -146,7 +152,7 @@ def test_lost_message_is_rekicked_by_the_reconciler(pg_api: Api, pg_job_body, pg
     job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0.2"})).json()
     configure({"SPECDECK_BROKER_URL": pg_stack.env["SPECDECK_BROKER_URL"]})
     assert job["status"] == "queued" and job["worker"]
-    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=30)
+    done = pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
     assert done["attempt"] == 1
     assert any(f"re-kicking {job['id']}" in w.log.read_text() for w in pg_stack.workers)
 
@@ -154,7 +160,7 @@ def test_lost_message_is_rekicked_by_the_reconciler(pg_api: Api, pg_job_body, pg
 def test_stage_failure_fails_the_job_with_the_log_tail(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
     pg_stack.start_worker()
     job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "not-a-number"})).json()
-    failed = pg_api.wait_status(job["id"], {"failed"}, timeout=30)
+    failed = pg_api.wait_status(job["id"], {"failed"}, timeout=60)
     assert failed["error_code"] == "bad_configuration"
     assert failed["status_reason"] == ("test child exited with code 2: the command line or "
                                        "configuration was rejected")
@@ -172,5 +178,5 @@ def test_workers_are_listed_with_heartbeats(pg_api: Api, pg_stack: Stack) -> Non
     assert listed["gpu-host"]["alive"] is True
     first_beat = ts(listed["gpu-host"]["last_heartbeat_at"])
     wait_for(lambda: ts({w["id"]: w for w in pg_api.get("/api/workers").json()["data"]}
-                        ["gpu-host"]["last_heartbeat_at"]) > first_beat, 10, "a heartbeat")
+                        ["gpu-host"]["last_heartbeat_at"]) > first_beat, 60, "a heartbeat")
     assert worker.proc.poll() is None

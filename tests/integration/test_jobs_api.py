@@ -313,10 +313,11 @@ def test_a_201_means_committed(api: Api, job_body, stack: Stack) -> None:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=api.headers(), timeout=10) as client:
-            deadline = time.monotonic() + 10
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=api.headers(), timeout=60) as client:
+            deadline = time.monotonic() + 60
             while not server.started and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert server.started, "the server did not start"
             event.listen(Session, "before_commit", slow_commit)
             try:
                 created = client.post("/api/jobs", json=job_body())
@@ -326,7 +327,7 @@ def test_a_201_means_committed(api: Api, job_body, stack: Stack) -> None:
                 event.remove(Session, "before_commit", slow_commit)
     finally:
         server.should_exit = True
-        thread.join(timeout=10)
+        thread.join(timeout=30)
     assert fetched.status_code == 200, fetched.text
 
 

@@ -36,11 +36,14 @@ def test_series_pages_and_window(api: Api, body, stack: Stack) -> None:
     assert empty["data"] == [] and empty["has_more"] is False and empty["last_id"] is None
     assert empty["window"]["points"] == 0 and empty["window"]["acceptance_length"] is None
 
+    # Far apart, so that the windows below (counted from the server's clock at each request)
+    # hold the same points however long the requests take: the short window (100 s) holds the
+    # newest point (10 s old) only, the default one (600 s) all of the new drafter's.
     now = datetime.now(UTC)
     add_points(deployment["id"],
-               ("old-drafter", interval(50, 50, (30, 20, 0)), now - timedelta(seconds=30)),
-               ("new-drafter", interval(100, 200, (90, 70, 40)), now - timedelta(seconds=20)),
-               ("new-drafter", interval(0, 0, (0, 0, 0)), now - timedelta(seconds=15)),
+               ("old-drafter", interval(50, 50, (30, 20, 0)), now - timedelta(seconds=300)),
+               ("new-drafter", interval(100, 200, (90, 70, 40)), now - timedelta(seconds=200)),
+               ("new-drafter", interval(0, 0, (0, 0, 0)), now - timedelta(seconds=150)),
                ("new-drafter", interval(10, 0, (0, 0, 0)), now - timedelta(seconds=10)))
     page = api.get(url, params={"limit": 2}).json()
     assert [p["drafter"] for p in page["data"]] == ["old-drafter", "new-drafter"]
@@ -59,9 +62,9 @@ def test_series_pages_and_window(api: Api, body, stack: Stack) -> None:
     assert window["num_drafts"] == 110 and window["requests"] == 6
     assert window["acceptance_length"] == pytest.approx(1 + 200 / 110)
     assert window["evaluated_acceptance_length"] is None and window["alert_below"] is None
-    short = api.get(url, params={"window_seconds": 12}).json()["window"]
+    short = api.get(url, params={"window_seconds": 100}).json()["window"]
     assert short["points"] == 1 and short["acceptance_length"] == pytest.approx(1.0)
-    since = api.get(url, params={"since": (now - timedelta(seconds=12)).isoformat()}).json()
+    since = api.get(url, params={"since": (now - timedelta(seconds=100)).isoformat()}).json()
     assert [p["num_drafts"] for p in since["data"]] == [10]
 
 

@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -371,9 +372,18 @@ class CmdlineWatch:
 
 
 def test_the_cmdline_watch_does_catch_a_token_in_argv(token: str) -> None:
-    """Control for the tests below: a child with the token in its argv is caught."""
+    """Control for the tests below: a child with the token in its argv is caught. The child
+    lives until the watch has seen it (a fixed lifetime could end before a scan on a busy
+    machine)."""
     with CmdlineWatch(token) as watch:
-        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)", token], check=True, timeout=30)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", token])
+        try:
+            deadline = time.monotonic() + 60
+            while not watch.leaks and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            child.kill()
+            child.wait(timeout=30)
     assert watch.leaks and token in watch.leaks[0]
 
 

@@ -34,7 +34,8 @@ def allocations(stack: Stack) -> int:
 def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Api, pg_job_body,
                                                                       pg_stack: Stack) -> None:
     pg_stack.start_worker("gpu-box", SPECDECK_WORKER_GPUS="0,1,2,3")
-    first = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "2", tp=2, trainer=1)).json()
+    # 10 s: the first still holds its GPUs when the second is created, on a busy machine too.
+    first = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "10", tp=2, trainer=1)).json()
     second = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "1", tp=2, trainer=1)).json()
     assert first["worker"] == "gpu-box"
     assert first["allocation"] == {"verifier": [0, 1], "trainer": [2]}
@@ -46,7 +47,7 @@ def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Ap
     assert plan["gpus"] == {"verifier": [0, 1], "trainer": [2]}
 
     for job in (first, second):
-        assert pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=60)["status"] == "succeeded"
+        assert pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=120)["status"] == "succeeded"
     first_window, second_window = running_window(pg_api, first["id"]), running_window(pg_api, second["id"])
     assert first_window[1] <= second_window[0], "the two jobs overlapped"
     scheduled = [e for e in pg_api.events(second["id"]) if e["kind"] == "scheduled"]
@@ -76,20 +77,21 @@ def test_no_gpu_worker_means_gpu_jobs_wait(pg_api: Api, pg_job_body, pg_stack: S
     assert job["status_reason"] == "waiting for a worker to come online"
     pg_stack.start_worker("cpu-only")
     wait_for(lambda: pg_api.job(job["id"])["status_reason"] ==
-             "waiting for 2 free GPUs on one worker: the largest worker online has 0", 15, "reason")
+             "waiting for 2 free GPUs on one worker: the largest worker online has 0", 60, "reason")
 
 
 def test_allocations_are_freed_after_a_worker_crash(pg_api: Api, pg_job_body, pg_stack: Stack,
                                                     tmp_path: Path) -> None:
     first = pg_stack.start_worker("crashy", SPECDECK_WORKER_GPUS="0,1,2,3")
-    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "3", tp=2, trainer=2, pid_dir=tmp_path)).json()
+    # 10 s: ample time, on a busy machine too, to kill the worker while the child still runs.
+    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "10", tp=2, trainer=2, pid_dir=tmp_path)).json()
     waiting = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
     _, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
     assert allocations(pg_stack) == 4
     first.kill()
     pg_stack.start_worker("rescuer", SPECDECK_WORKER_GPUS="0,1,2,3")
     for j in (job, waiting):
-        assert pg_api.wait_status(j["id"], {"succeeded", "failed"}, timeout=60)["status"] == "succeeded"
+        assert pg_api.wait_status(j["id"], {"succeeded", "failed"}, timeout=120)["status"] == "succeeded"
     assert pg_api.job(job["id"])["attempt"] == 2
     assert not group_alive(pgid)
     assert allocations(pg_stack) == 0
@@ -98,13 +100,15 @@ def test_allocations_are_freed_after_a_worker_crash(pg_api: Api, pg_job_body, pg
 def test_cpu_capacity_is_the_number_of_concurrent_local_jobs(pg_api: Api, pg_job_body,
                                                               pg_stack: Stack) -> None:
     pg_stack.start_worker("laptop", SPECDECK_WORKER_CONCURRENCY="2")
-    jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "2"})).json()
-            for _ in range(3)]
+    # The first two run 10 s: they still hold both slots when the third is created, on a busy
+    # machine too.
+    jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": seconds})).json()
+            for seconds in ("10", "10", "0.5")]
     assert [j["allocation"] for j in jobs[:2]] == [{"slot": [0]}, {"slot": [1]}]
     assert jobs[2]["status_reason"] == (f"waiting for a free training slot: laptop has 0 of 2 free "
                                         f"(used by {jobs[0]['id']}, {jobs[1]['id']})")
     for job in jobs:
-        assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=60)
+        assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=120)
     assert allocations(pg_stack) == 0
 
 
@@ -113,7 +117,8 @@ def test_plan_of_a_placed_vllm_job_uses_its_allocation(pg_api: Api, pg_job_body,
     import json
 
     pg_stack.start_worker("gpu-box", SPECDECK_WORKER_GPUS="0,1,2,3")
-    blocker = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "3", tp=1, trainer=1)).json()
+    # 10 s: the blocker still holds GPUs 0 and 1 when the job is created, on a busy machine too.
+    blocker = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "10", tp=1, trainer=1)).json()
     job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
     assert blocker["allocation"] == {"verifier": [0], "trainer": [1]}
     assert job["allocation"] == {"verifier": [2], "trainer": [3]}

@@ -17,6 +17,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REDIS_URL, ROOT, configure, write_dataset, write_verifier
 from tests.integration.schemathesis_hooks import DECOY_KEY_ID, FUZZER_KEY_ID
 from tests.integration.test_deployments_api import write_drafter
@@ -26,6 +28,12 @@ SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 MAX_EXAMPLES = 100  # per operation and phase: about two minutes on two cores
 SEED = 20261123  # the same cases on every run; change it to explore others
+# Safety deadlines, generous for a busy machine: for each request (Schemathesis' default is
+# 10 s; the config file's shorter one for the event stream stays) and for the whole run.
+REQUEST_TIMEOUT = "60"
+RUN_TIMEOUT = 1500
+
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 300)
 
 
 def test_the_api_answers_as_its_openapi_document_says(pg_url: str, roots: dict[str, str],
@@ -54,9 +62,10 @@ def test_the_api_answers_as_its_openapi_document_says(pg_url: str, roots: dict[s
              # Every check runs: Schemathesis 4's default, the same as `--checks all`, which
              # would also override the config file's few per-operation exceptions.
              "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
+             "--request-timeout", REQUEST_TIMEOUT,
              "--header", f"Authorization: Bearer {key}", "--generation-database", "none",
              "--report", "json", "--report-json-path", str(report), "--no-color"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=540,
+            cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **key_ids,
                  "SCHEMATHESIS_HOOKS": "tests.integration.schemathesis_hooks"})
     finally:
