@@ -20,7 +20,7 @@ export default defineConfig({
   retries: 0,
   forbidOnly: true,
   timeout: 15 * 60_000,
-  expect: { timeout: 15_000 },
+  expect: { timeout: 60_000 },  // a loaded 2-core CI machine
   reporter: "list",
   use: {
     baseURL: process.env.SPECDECK_URL,

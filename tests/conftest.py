@@ -28,11 +28,13 @@ PG_ADMIN_URL = os.environ.get("SPECDECK_TEST_PG_ADMIN_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("SPECDECK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# Short leases and heartbeats so fault tests finish quickly.
+# Short leases and heartbeats so fault tests finish quickly; not so short that a loaded 2-core
+# machine misses them: a lease is renewed 12 times before it runs out, and a worker counts as
+# offline after 3 reconcile rounds without a heartbeat (3 s).
 FAST_WORKER_ENV = {
-    "SPECDECK_LEASE_SECONDS": "3",
+    "SPECDECK_LEASE_SECONDS": "6",
     "SPECDECK_HEARTBEAT_SECONDS": "0.5",
-    "SPECDECK_RECONCILE_SECONDS": "0.5",
+    "SPECDECK_RECONCILE_SECONDS": "1",
     "SPECDECK_REKICK_AFTER_SECONDS": "3",
     "SPECDECK_CANCEL_GRACE_SECONDS": "2",
 }

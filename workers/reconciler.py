@@ -72,12 +72,13 @@ def _hand_back(rows: list[Job | Deployment], session: Session, why: Callable[[Jo
     orphans = []
     for row in rows:
         groups = [Group.from_json(g) for g in row.pgids or []] if row.pgid_host == host else []
+        reason = why(row)  # before the hand-back clears the row's owner
         try:
-            _lost(session, row, why(row))
+            _lost(session, row, reason)
         except StaleJob:
             continue
         if groups:
-            orphans.append(Orphans(type(row), row.id, groups, why(row)))
+            orphans.append(Orphans(type(row), row.id, groups, reason))
     return orphans
 
 

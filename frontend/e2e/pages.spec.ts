@@ -69,7 +69,7 @@ async function firstLinkIn(page: Page, listPath: string, table: string, prefix: 
   const links = page.getByRole("table", { name: table }).locator(`a[href^="${prefix}"]`);
   await links
     .first()
-    .waitFor({ timeout: 10_000 })
+    .waitFor({ timeout: 60_000 })
     .catch(() => {});
   return (await links.count()) ? await links.first().getAttribute("href") : null;
 }

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -191,10 +190,10 @@ def test_cancel_during_training(pg_api: Api, pg_stack: Stack, demo) -> None:
     wait_for(lambda: event_seen(pg_api, job["id"], "epoch", "started"), 400, "training to start")
     assert job_processes(job["id"])
     pg_api.post(f"/api/jobs/{job['id']}/cancel")
-    start = time.monotonic()
-    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=10)
+    # Generous deadlines: the cancel grace is 2 s, but a loaded 2-core machine is slow.
+    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=120)
     assert done["status"] == "cancelled"
-    wait_for(lambda: job_processes(job["id"]) == [], 10 - (time.monotonic() - start), "processes to go")
+    wait_for(lambda: job_processes(job["id"]) == [], 60, "processes to go")
     assert hidden_state_files(pg_stack, job["id"]) == []
 
 
@@ -210,10 +209,9 @@ def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack,
                if b"workers.runtimes.local.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert engines and server_pids(job["id"]) == []  # the hidden-states server made room for it
     pg_api.post(f"/api/jobs/{job['id']}/cancel")
-    start = time.monotonic()
-    done = pg_api.wait_status(job["id"], {"cancelled", "failed", "succeeded"}, timeout=10)
+    done = pg_api.wait_status(job["id"], {"cancelled", "failed", "succeeded"}, timeout=120)
     assert done["status"] == "cancelled", done
-    wait_for(lambda: job_processes(job["id"]) == [], 10 - (time.monotonic() - start), "the engine to go")
+    wait_for(lambda: job_processes(job["id"]) == [], 60, "the engine to go")
     checkpoints = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
     assert checkpoints and all(c["evaluation"] is None for c in checkpoints)
     assert not event_seen(pg_api, job["id"], "evaluated")

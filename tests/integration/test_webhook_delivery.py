@@ -83,7 +83,7 @@ def test_a_delivery_whose_worker_was_killed_is_sent_again(pg_api: Api, pg_stack:
     job's success was committed (with its outbox row) before the send began, and the worker
     committed its lease on the delivery before sending; nobody records this attempt's outcome.
     A worker started afterwards takes the delivery over once that lease ran out
-    (SPECDECK_WEBHOOK_LEASE_SECONDS=3) and sends it again with the same webhook-id."""
+    (SPECDECK_WEBHOOK_LEASE_SECONDS=15) and sends it again with the same webhook-id."""
     doomed: list[Any] = []
 
     def kill_the_sender(index: int, _request: object) -> bool | None:

@@ -21,8 +21,8 @@ WEBHOOK_ENV = {
     "SPECDECK_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
     "SPECDECK_WEBHOOK_POLL_SECONDS": "0.1",
     "SPECDECK_WEBHOOK_RETRY_SECONDS": "0.2,0.2,0.2",
-    "SPECDECK_WEBHOOK_TIMEOUT_SECONDS": "2",
-    "SPECDECK_WEBHOOK_LEASE_SECONDS": "3",
+    "SPECDECK_WEBHOOK_TIMEOUT_SECONDS": "10",  # a loaded machine's receiver can be slow
+    "SPECDECK_WEBHOOK_LEASE_SECONDS": "15",  # longer than one delivery's timeout
 }
 
 
@@ -101,7 +101,7 @@ class Receiver:
         with self.lock:
             return [r for r in self.received if json.loads(r.body).get("type") == event_type]
 
-    def wait(self, event_type: str, count: int = 1, timeout: float = 30) -> list[Received]:
+    def wait(self, event_type: str, count: int = 1, timeout: float = 120) -> list[Received]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if len(found := self.of_type(event_type)) >= count:
