@@ -5,9 +5,15 @@ The README's curl body creates a job over real HTTP; the worker picks it up; Ctr
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -15,7 +21,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import free_port, job_processes
-from tests.support.specdeck_run import seed_demo, start
+from tests.support.specdeck_run import SpecdeckRun, seed_demo, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -104,3 +110,257 @@ def test_specdeck_run_prints_the_same_key_on_every_start(tmp_path: Path) -> None
         run.interrupt()
     finally:
         run.kill()
+
+
+# --- stopping and restarting under `specdeck run` -----------------------------------------------
+
+# The stages in which a job's hidden-states server (and then its trainer) run.
+PROCESS_STAGES = ("starting_verifier", "preparing_data", "training")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
+    """Poll ``predicate`` until it returns something true (returned), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def query(run: SpecdeckRun, sql: str, **params: Any) -> Any:
+    """One value from the run's SQLite database (var/specdeck.db under its directory)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(f"sqlite:///{run.cwd / 'var' / 'specdeck.db'}")
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(sql), params).scalar()
+    finally:
+        engine.dispose()
+
+
+def all_events(client: httpx.Client, path: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = client.get(path, params={"limit": 100, **({"after": after} if after else {})})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        events += body["data"]
+        if not body["has_more"]:
+            return events
+        after = body["last_id"]
+
+
+def running_job(client: httpx.Client, run: SpecdeckRun, job_id: str, timeout: float = 300) -> dict:
+    """Wait until the job runs a stage with processes, and they run; returns the job."""
+    def up() -> dict | None:
+        job = client.get(f"/api/jobs/{job_id}").json()
+        assert job["status"] in ("queued", "running"), (job, run.output()[-3000:])
+        return job if job["stage"] in PROCESS_STAGES and job_processes(job_id) else None
+    return wait_for(up, timeout, f"job {job_id}'s processes")
+
+
+def processes_of(job_id: str, besides: list[psutil.Process] = ()) -> list[psutil.Process]:
+    """The job's live processes (see job_processes), those in ``besides`` aside."""
+    found = []
+    for pid in job_processes(job_id):
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        if proc not in besides:
+            found.append(proc)
+    return found
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe(procs: list[psutil.Process]) -> list[str]:
+    found = []
+    for proc in procs:
+        try:
+            found.append(f"{proc.pid}: {' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            found.append(f"{proc.pid}: (gone)")
+    return found
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:port (connections in TIME_WAIT aside, as a server's bind)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def worker_of(run: SpecdeckRun) -> psutil.Process | None:
+    for child in psutil.Process(run.proc.pid).children():
+        try:
+            if alive(child) and " ".join(child.cmdline()[1:3]).endswith("specdeck worker"):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def stop(run: SpecdeckRun) -> None:
+    """Ctrl-C if it still runs; SIGKILL to its group as the last resort."""
+    try:
+        if run.proc.poll() is None:
+            run.interrupt(timeout=150)
+    finally:
+        run.kill()
+
+
+def test_sigterm_stops_the_whole_stack(tmp_path: Path, demo_assets) -> None:
+    """SIGTERM to `specdeck run` alone (what systemd or `docker stop` sends) while a deployment
+    serves and a job trains: it exits 0 within its stop timeout, and nothing of the stack is left
+    (the API, the worker, the engine, the job's processes, their ports); the worker handed the job
+    back (queued) and the deployment (pending) rather than losing them."""
+    from tests.support.drafters import write_untrained_drafter
+
+    seed_demo(tmp_path, demo_assets)
+    # A drafter under the models root, deployed by path: served at once, no training needed.
+    write_untrained_drafter(tmp_path / "var" / "models" / "demo", tmp_path / "var" / "models" / "untrained")
+    run = start(tmp_path, free_port())
+    try:
+        run.wait_ready()
+        with httpx.Client(base_url=run.url, headers={"Authorization": f"Bearer {run.key}"},
+                          timeout=30) as client:
+            created = client.post("/api/deployments", json={
+                "name": "untrained", "drafter": "untrained", "verifier": "demo", "runtime": "local"})
+            assert created.status_code == 201, created.text
+            deployment_id = created.json()["id"]
+            created = client.post("/api/jobs", json={**readme_job_body(), "dataset": run.dataset_id})
+            assert created.status_code == 201, created.text
+            job_id = created.json()["id"]
+
+            def ready() -> dict | None:
+                deployment = client.get(f"/api/deployments/{deployment_id}").json()
+                assert deployment["status"] in ("pending", "starting", "ready"), deployment
+                return deployment if deployment["status"] == "ready" else None
+            wait_for(ready, 300, "the deployment to be ready")
+            running_job(client, run, job_id)
+
+        upstream = query(run, "SELECT upstream_url FROM deployments WHERE id = :id", id=deployment_id)
+        engine_port = int(upstream.rsplit(":", 1)[1])
+        tree = psutil.Process(run.proc.pid).children(recursive=True)
+        pids = {p.pid for p in tree}
+        # The whole stack is one tree: the worker's jobs and engines are its children (in
+        # sessions of their own), so the tree holds them.
+        job_pids, engine_pids = job_processes(job_id), job_processes(deployment_id)
+        assert job_pids and engine_pids
+        assert set(job_pids) | set(engine_pids) <= pids, (job_pids, engine_pids, describe(tree))
+        assert not port_free(run.port) and not port_free(engine_port)
+
+        began = time.monotonic()
+        os.kill(run.proc.pid, signal.SIGTERM)  # the supervisor only, not its group
+        code = run.proc.wait(timeout=150)
+        took = time.monotonic() - began
+        output = run.output()
+        assert code == 0, output[-3000:]
+        assert "got SIGTERM: stopping api, worker" in output and "\nstopped\n" in output
+        # Each stopped on its own: none had to be killed at the stop timeout.
+        assert "did not stop within" not in output, output[-3000:]
+        left = [p for p in tree if alive(p)]
+        assert not left, describe(left)
+        assert job_processes(job_id) == [] and job_processes(deployment_id) == []
+        assert port_free(run.port) and port_free(engine_port)
+        print(f"`specdeck run` stopped in {took:.1f} s after SIGTERM ({len(tree)} processes)")
+    finally:
+        run.kill()
+    # Handed back, not lost: the job waits for its next attempt, the deployment for a worker.
+    assert query(run, "SELECT status FROM jobs WHERE id = :id", id=job_id) == "queued"
+    assert query(run, "SELECT count(*) FROM job_events WHERE job_id = :id "
+                 "AND message LIKE '%shut down; job handed back'", id=job_id) == 1
+    assert query(run, "SELECT status FROM deployments WHERE id = :id", id=deployment_id) == "pending"
+    assert query(run, "SELECT upstream_url FROM deployments WHERE id = :id", id=deployment_id) is None
+
+
+def test_a_killed_worker_is_restarted_while_the_api_answers(tmp_path: Path, demo_assets) -> None:
+    """SIGKILL to the worker while a job runs: `specdeck run` says so and starts another; the API
+    answers every request all along; the new worker hands back at once the job the killed one
+    held (re-queued for attempt 2) and stops the processes it left."""
+    seed_demo(tmp_path, demo_assets)
+    run = start(tmp_path, free_port())
+    answered: list[float] = []  # when each request was answered 200 (time.monotonic())
+    failed: list[str] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        with httpx.Client(base_url=run.url, timeout=10) as client:
+            while not done.is_set():
+                try:
+                    response = client.get("/healthz")
+                    if response.status_code == 200:
+                        answered.append(time.monotonic())
+                    else:
+                        failed.append(f"{response.status_code}: {response.text[:200]}")
+                except httpx.HTTPError as exc:
+                    failed.append(f"{type(exc).__name__}: {exc}")
+                done.wait(0.05)
+
+    poller = threading.Thread(target=ask, name="healthz", daemon=True)
+    try:
+        run.wait_ready()
+        with httpx.Client(base_url=run.url, headers={"Authorization": f"Bearer {run.key}"},
+                          timeout=30) as client:
+            created = client.post("/api/jobs", json={**readme_job_body(), "dataset": run.dataset_id})
+            assert created.status_code == 201, created.text
+            job_id = created.json()["id"]
+            running_job(client, run, job_id)
+
+            worker = worker_of(run)
+            assert worker is not None
+            api = next(c for c in psutil.Process(run.proc.pid).children() if c.pid != worker.pid)
+            poller.start()
+            wait_for(lambda: answered, 10, "the first /healthz answer")
+
+            before = processes_of(job_id)
+            assert before and all(worker in p.parents() for p in before), describe(before)
+            killed = time.monotonic()
+            os.kill(worker.pid, signal.SIGKILL)
+            # What the killed worker left: its job's processes, as they were when it died.
+            left = before + processes_of(job_id, before)
+            wait_for(lambda: "worker exited with code -9; restarting in 1 s" in run.output(), 30,
+                     "the supervisor's restart line")
+            new = wait_for(lambda: (w := worker_of(run)) is not None and w.pid != worker.pid and w,
+                           30, "a new worker")
+
+            def taken_back() -> list[dict] | None:
+                events = all_events(client, f"/api/jobs/{job_id}/events")
+                return events if any(re.fullmatch(r"worker \S+ restarted; re-queued for attempt 2",
+                                                  e["message"]) for e in events) else None
+            wait_for(taken_back, 120, "the new worker to hand the job back")
+            wait_for(lambda: not any(alive(p) for p in left), 30,
+                     "the processes the killed worker left to be gone")
+            events = all_events(client, f"/api/jobs/{job_id}/events")
+            stopped = [e for e in events if e["kind"] == "orphans_stopped"]
+            reaped = {pid for e in stopped for pid in e["data"]["pids"]}
+            # The API answered throughout: before the kill, all along, and after the hand-back.
+            recovered = time.monotonic()
+            wait_for(lambda: answered[-1] > recovered, 10, "a /healthz answer after the hand-back")
+            done.set()
+            poller.join(timeout=15)
+            assert not poller.is_alive()
+
+            assert alive(new) and alive(api) and run.proc.poll() is None
+            assert not failed, failed[:5]
+            assert answered[0] < killed < recovered < answered[-1]
+            print(f"/healthz answered {len(answered)} times; orphans_stopped: "
+                  f"{[e['message'] for e in stopped]}; left: {[p.pid for p in left]}")
+            # Whatever was still running when the new worker started is what it stopped.
+            assert reaped <= {p.pid for p in left}, (reaped, describe(left))
+    finally:
+        done.set()
+        stop(run)
