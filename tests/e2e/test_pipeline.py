@@ -9,6 +9,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import Api, Stack
@@ -140,22 +141,26 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
     return evaluation
 
 
-def test_killed_worker_resumes_from_the_epoch_checkpoint(pg_api: Api, pg_stack: Stack, demo) -> None:
-    first = pg_stack.start_worker("doomed", **REAL_PIPELINE)
+def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch_checkpoint(
+        pg_api: Api, pg_stack: Stack, demo) -> None:
+    first = pg_stack.start_worker("stopped", **REAL_PIPELINE)
     job = submit(pg_api, demo, epochs=2)
     wait_for(lambda: event_seen(pg_api, job["id"], "checkpoint", "epoch 0 saved"), 400,
              "the first epoch's checkpoint")
-    # The host dies: the worker and everything it ran (reaping orphans is tested elsewhere; here
-    # a surviving trainer could finish the last epoch before it is reaped).
-    first.kill()
-    for pid in job_processes(job["id"]):
-        os.kill(pid, signal.SIGKILL)
+    running = job_processes(job["id"])
+    assert server_pids(job["id"]) and set(running) > set(server_pids(job["id"]))  # + the trainer
+    # SIGTERM (systemd, docker stop, `specdeck run`): the worker stops the trainer and the
+    # hidden-states server, waits for them, hands the job back, and only then exits.
+    first.stop()
+    assert not [pid for pid in running if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], running
+    assert pg_api.job(job["id"])["status"] == "queued"
     pg_stack.start_worker("rescuer", **REAL_PIPELINE)
     done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=600)
     assert done["status"] == "succeeded", done
     assert done["attempt"] == 2
     messages = [e["message"] for e in pg_api.events(job["id"])]
-    assert "claimed by doomed (attempt 1)" in messages and "claimed by rescuer (attempt 2)" in messages
+    assert "claimed by stopped (attempt 1)" in messages and "claimed by rescuer (attempt 2)" in messages
     assert any("found the epoch 0 checkpoint" in m for m in messages), messages
     assert any(m.startswith("training resumed from the epoch 0 checkpoint") for m in messages), messages
     assert job_processes(job["id"]) == []
