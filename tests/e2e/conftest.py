@@ -36,13 +36,28 @@ def job_processes(job_id: str) -> list[int]:
     return found
 
 
-@pytest.fixture
-def demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
-    """The demo verifier under the models root and the demo conversations uploaded."""
+def upload_demo(stack: Stack, api: Api, demo_assets, conversations: int | None = None
+                ) -> dict[str, str]:
+    """The demo verifier under the models root and the demo conversations uploaded (the first
+    ``conversations`` of them, if given)."""
     model, data = demo_assets
-    shutil.copytree(model, pg_stack.models_root / "demo", dirs_exist_ok=True)
-    with data.open("rb") as f:
-        created = pg_api.post("/api/datasets", files={"file": ("demo.jsonl", f, "application/jsonl")},
-                              data={"name": "demo"})
+    shutil.copytree(model, stack.models_root / "demo", dirs_exist_ok=True)
+    lines = data.read_bytes().splitlines(keepends=True)[:conversations]
+    created = api.post("/api/datasets", files={"file": ("demo.jsonl", b"".join(lines), "application/jsonl")},
+                       data={"name": "demo"})
     assert created.status_code in (200, 201), created.text
     return {"verifier": "demo", "dataset": created.json()["id"]}
+
+
+@pytest.fixture
+def demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
+    """The demo verifier and all the demo conversations: for tests that need a drafter
+    trained well enough to be accepted."""
+    return upload_demo(pg_stack, pg_api, demo_assets)
+
+
+@pytest.fixture
+def small_demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
+    """A third of the demo conversations: the same pipeline in a third of the time, for tests
+    of how a job is stopped, resumed, gated or published, not of how well its drafter drafts."""
+    return upload_demo(pg_stack, pg_api, demo_assets, conversations=80)

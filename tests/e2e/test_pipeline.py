@@ -142,9 +142,9 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
 
 
 def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch_checkpoint(
-        pg_api: Api, pg_stack: Stack, demo) -> None:
+        pg_api: Api, pg_stack: Stack, small_demo) -> None:
     first = pg_stack.start_worker("stopped", **REAL_PIPELINE)
-    job = submit(pg_api, demo, epochs=2)
+    job = submit(pg_api, small_demo, epochs=2)
     wait_for(lambda: event_seen(pg_api, job["id"], "checkpoint", "epoch 0 saved"), 400,
              "the first epoch's checkpoint")
     running = job_processes(job["id"])
@@ -173,9 +173,9 @@ def server_pids(job_id: str) -> list[int]:
 
 
 def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api, pg_stack: Stack,
-                                                                     demo) -> None:
+                                                                     small_demo) -> None:
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
-    job = submit(pg_api, demo, epochs=3)
+    job = submit(pg_api, small_demo, epochs=3)
     wait_for(lambda: event_seen(pg_api, job["id"], "epoch", "started"), 400, "training to start")
     [pid] = server_pids(job["id"])
     os.killpg(os.getpgid(pid), signal.SIGKILL)
@@ -189,9 +189,9 @@ def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api
     assert hidden_state_files(pg_stack, job["id"]) == []
 
 
-def test_cancel_during_training(pg_api: Api, pg_stack: Stack, demo) -> None:
+def test_cancel_during_training(pg_api: Api, pg_stack: Stack, small_demo) -> None:
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
-    job = submit(pg_api, demo, epochs=3)
+    job = submit(pg_api, small_demo, epochs=3)
     wait_for(lambda: event_seen(pg_api, job["id"], "epoch", "started"), 400, "training to start")
     assert job_processes(job["id"])
     pg_api.post(f"/api/jobs/{job['id']}/cancel")
@@ -202,9 +202,9 @@ def test_cancel_during_training(pg_api: Api, pg_stack: Stack, demo) -> None:
     assert hidden_state_files(pg_stack, job["id"]) == []
 
 
-def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack, demo) -> None:
+def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack, small_demo) -> None:
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
-    body = {**demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": 1},
+    body = {**small_demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": 1},
             "evaluate": {"prompts": 64, "max_tokens": 1024}}  # long enough to be caught mid-way
     response = pg_api.post("/api/jobs", json=body)
     assert response.status_code == 201, response.text

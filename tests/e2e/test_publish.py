@@ -51,8 +51,12 @@ def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_st
                               HF_ENDPOINT=hub.url)
         put = pg_api.client.put("/api/secrets/HF_TOKEN", json={"value": TOKEN}, headers=pg_api.headers())
         responses.append(put.text)
-        created = pg_api.post("/api/jobs", json={**demo, "runtime": "local", "publish": REPO,
-                                                 "speculator": {**CPU_SPECULATOR, "epochs": 1}})
+        # A short evaluation: what is published is under test here, not the evaluation
+        # (tests/unit/test_evaluate.py, test_pipeline.py).
+        created = pg_api.post("/api/jobs", json={
+            **demo, "runtime": "local", "publish": REPO,
+            "speculator": {**CPU_SPECULATOR, "epochs": 1},
+            "evaluate": {"prompts": 4, "max_tokens": 32, "baseline": False, "ngram": False}})
         responses.append(created.text)
         job = pg_api.wait_status(created.json()["id"], {"succeeded", "failed"}, timeout=600)
         assert job["status"] == "succeeded", (job, pg_api.get(f"/api/jobs/{job['id']}/logs").text)
@@ -109,7 +113,7 @@ def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_st
     assert all(TOKEN not in w.log.read_text() for w in pg_stack.workers)
 
 
-def test_a_missed_acceptance_gate_blocks_publishing(pg_api: Api, pg_stack: Stack, demo) -> None:
+def test_a_missed_acceptance_gate_blocks_publishing(pg_api: Api, pg_stack: Stack, small_demo) -> None:
     """A gate the drafter cannot meet: the job fails with the numbers, nothing reaches the Hub,
     and the checkpoint is kept, so it can still be published by hand."""
     with HubDouble(token=TOKEN) as hub:
@@ -117,7 +121,7 @@ def test_a_missed_acceptance_gate_blocks_publishing(pg_api: Api, pg_stack: Stack
                               HF_ENDPOINT=hub.url)
         pg_api.client.put("/api/secrets/HF_TOKEN", json={"value": TOKEN}, headers=pg_api.headers())
         created = pg_api.post("/api/jobs", json={
-            **demo, "runtime": "local", "publish": REPO,
+            **small_demo, "runtime": "local", "publish": REPO,
             "speculator": {**CPU_SPECULATOR, "epochs": 1},
             "evaluate": {"prompts": 4, "max_tokens": 32, "baseline": False},
             "gate": {"min_acceptance_length": 7.5, "beat_ngram": True}})

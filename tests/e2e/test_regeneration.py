@@ -137,10 +137,10 @@ def test_a_public_preset_is_regenerated_and_resumed_after_a_killed_worker(
     assert job_processes(job_id) == []
 
 
-def test_cancel_during_regeneration(pg_api: Api, pg_stack: Stack, demo) -> None:
+def test_cancel_during_regeneration(pg_api: Api, pg_stack: Stack, small_demo) -> None:
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
     created = pg_api.post("/api/jobs", json={
-        **demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": 1},
+        **small_demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": 1},
         "data": {"regenerate": True}, "evaluate": False})
     job_id = created.json()["id"]
     wait_for(lambda: event_seen(pg_api, job_id, "regeneration_started"), 300,

@@ -9,17 +9,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import SPECDECK, Api, Stack
-from tests.e2e.conftest import free_port, job_processes
+from tests.conftest import Api, Stack
+from tests.e2e.conftest import job_processes
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
 from tests.integration.test_dispatch import wait_for
+from tests.support.api_server import start_api, stop_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 PROMPTS = ["Tell me about the river and the old mill.", "What does the blue lantern do at night?"]
@@ -31,25 +31,12 @@ def gateway(pg_stack: Stack, tmp_path: Path):
     """A real `specdeck api` server (uvicorn) on the stack's database. Its per-key rate limit
     is off: these tests send as fast as the engine answers, which on a fast machine is faster
     than the default limit allows (tests/integration/test_gateway.py tests the limiter)."""
-    port = free_port()
-    log = tmp_path / "api.log"
     env = {**os.environ, **pg_stack.env, "SPECDECK_GATEWAY_RATE_LIMIT_RPM": "0"}
-    proc = subprocess.Popen([SPECDECK, "api", "--port", str(port)], env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    url, proc = start_api(env, tmp_path / "api.log")
     try:
-        wait_for(lambda: _answers(url), 60, "the API to answer")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+        stop_api(proc)
 
 
 def greedy_reference(model_dir: Path, prompt: str) -> str:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.test_gateway import start_api, stop_api
+from tests.support.api_server import start_api, stop_api
 from tests.integration.test_jobs_api import assert_error
 
 INDEX = "<!doctype html><title>SpecDeck dashboard</title><script src=/assets/app-1a2b.js></script>"

@@ -9,7 +9,6 @@ import os
 import pty
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 from tests.conftest import REDIS_URL, ROOT, SPECDECK, Stack

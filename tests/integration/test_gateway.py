@@ -29,7 +29,8 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import PG_ADMIN_URL, ROOT, SPECDECK, configure
+from tests.conftest import PG_ADMIN_URL, ROOT, configure
+from tests.support.api_server import start_api, stop_api
 from tests.support.upstream import TOKENS, Upstream, free_port
 
 UPSTREAM_KEY = "upstream-internal-" + secrets.token_hex(8)
@@ -91,37 +92,6 @@ class Gateway:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-6000:]
-
-
-def start_api(env: dict[str, str], log: Path,
-              timeout: float = 60) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    proc = subprocess.Popen([SPECDECK, "api", "--host", "127.0.0.1", "--port", str(port),
-                             "--no-access-log"], env=env, cwd=ROOT, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"specdeck api exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    stop_api(proc)
-    raise AssertionError(f"specdeck api did not start:\n{log.read_text()}")
-
-
-def stop_api(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

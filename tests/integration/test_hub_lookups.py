@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import Api, Stack, new_key, write_dataset
 from tests.integration.test_dispatch import wait_for
-from tests.integration.test_gateway import start_api, stop_api
+from tests.support.api_server import start_api, stop_api
 from tests.support.hub_double import HubDouble
 
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 8,

@@ -6,10 +6,7 @@ active key; creates racing at a quota minus one make exactly one of them and ref
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,10 +17,10 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.conftest import ROOT, SPECDECK, Stack, write_dataset, write_verifier
-from tests.e2e.conftest import free_port
+from tests.conftest import Stack, write_dataset, write_verifier
 from tests.integration.test_deployments_api import write_drafter
 from tests.integration.test_quotas import assert_quota_exceeded, conversations
+from tests.support.api_server import start_api, stop_api
 
 if TYPE_CHECKING:
     from app.services.keys import NewKey
@@ -58,39 +55,11 @@ def server(stack: Stack, tmp_path: Path) -> Iterator[Server]:
               "WEBHOOKS": QUOTA, "DATASET_BYTES": QUOTA * UPLOAD_BYTES}
     env = {**os.environ, **stack.env, "SPECDECK_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
            **{f"SPECDECK_QUOTA_{name}": str(value) for name, value in quotas.items()}}
-    port, log = free_port(), tmp_path / "api.log"
-    proc = subprocess.Popen([SPECDECK, "api", "--host", "127.0.0.1", "--port", str(port),
-                             "--no-access-log"], env=env, cwd=ROOT, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    url, proc = start_api(env, tmp_path / "api.log")
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc, log)
         yield Server(url, stack)
     finally:
-        stop(proc)
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"specdeck api exited:\n{log.read_text()}"
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"specdeck api never got ready:\n{log.read_text()}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_api(proc)
 
 
 def race(url: str, calls: list[Call]) -> list[httpx.Response]:

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import REDIS_URL, ROOT, configure, write_dataset, write_verifier
 from tests.integration.schemathesis_hooks import DECOY_KEY_ID, FUZZER_KEY_ID
 from tests.integration.test_deployments_api import write_drafter
-from tests.integration.test_gateway import start_api, stop_api
+from tests.support.api_server import start_api, stop_api
 
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 CONFIG = Path(__file__).with_name("schemathesis.toml")

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.supervise import die_with_parent
 from tests.conftest import SPECDECK
 
 LOG = "specdeck-run.log"
@@ -82,7 +83,7 @@ def start(cwd: Path, port: int, env: dict[str, str] | None = None, args: tuple[s
     with (cwd / LOG).open("w") as log:
         proc = subprocess.Popen([SPECDECK, "run", "--port", str(port), *args], cwd=cwd, env=environ,
                                 stdout=log, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
     deadline = time.monotonic() + timeout
     text = ""
     while time.monotonic() < deadline and proc.poll() is None:
