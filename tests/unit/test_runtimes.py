@@ -54,6 +54,8 @@ def test_vllm_hidden_states_server() -> None:
     assert kv == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                   "kv_connector_extra_config": {"shared_storage_path": "/w/job/hidden_states"}}
     assert server.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # prepare-data's --render-endpoint posts to /v1/chat/completions/render: 403 without it.
+    assert "--enable-scale-out" in argv
 
 
 def test_vllm_data_prep_uses_the_servers_renderer() -> None:

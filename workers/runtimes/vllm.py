@@ -53,6 +53,9 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str)
         SHARED_GPU_MEMORY_UTILIZATION if shared else GPU_MEMORY_UTILIZATION,
         "--speculative-config", json.dumps(speculative_config),
         "--kv-transfer-config", json.dumps(kv_transfer_config),
+        # prepare-data renders each conversation through POST /v1/chat/completions/render, which
+        # vLLM answers 403 ("Scale-out endpoints are disabled") without this flag.
+        "--enable-scale-out",
     ]
 
 
