@@ -85,30 +85,19 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
             f"[{node.gateway.id}] {line}" for line in leftovers)
 
 
-def test_group(nodeid: str) -> str:
-    """Which tests one xdist process runs together, one after another: all of tests/e2e (each
-    trains or serves on the CPU with every core busy: two at once slow each other down far more
-    than twice, measured), all of tests/local_runtime (its session server), or a module (its
-    module-scoped fixtures)."""
-    module = nodeid.split("::", 1)[0]  # tests/<folder>/test_x.py
-    folder = module.split("/")[1] if module.count("/") >= 2 else ""
-    return f"tests/{folder}" if folder in ("e2e", "local_runtime") else module
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs the suite in two xdist processes. Each group (test_group) goes to one
-    process, in the order collected (--no-loadscope-reorder): tests/e2e first, the longest, in
-    one process, while the other takes the rest. (xdist's own loadgroup marks do
-    not reach its scheduler under pytest 9: it renames items through an attribute pytest no
-    longer reads.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid)
-
-    return GroupScheduling(config, log)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs the suite in two xdist processes (--dist loadgroup). A group runs in
+    one process, one test at a time: tests/e2e is one group (its tests train on the CPU and
+    share the session's demo assets), tests/local_runtime another (its session server), and
+    every other module is one (module-scoped fixtures). Collected first, e2e starts first
+    (--no-loadscope-reorder) and the other process takes the rest."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]  # tests/<folder>/test_x.py
+        folder = module.split("/")[1] if module.count("/") >= 2 else module
+        item.add_marker(pytest.mark.xdist_group(folder if folder in ("e2e", "local_runtime")
+                                                else module))
 
 
 @pytest.fixture(autouse=True)
