@@ -44,12 +44,8 @@ run: install dashboard-hint
 services:
 	@bash scripts/ensure-services.sh
 
-# The suite in TEST_PROCESSES xdist processes: the end-to-end tests in one, one at a time, the
-# rest beside them (tests/conftest.py, pytest_collection_modifyitems). TEST_PROCESSES=0: one process.
-TEST_PROCESSES ?= 2
-
 test: install services
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

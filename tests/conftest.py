@@ -56,48 +56,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The suite fails if anything it started still runs, and names it. Under xdist each
-    worker checks its own processes and reports them to the controller, which fails the run."""
-    config = session.config
+    """The suite fails if anything it started still runs, and names it."""
     left = processes.wait_gone(processes.SESSION_ENV, os.environ[processes.SESSION_ENV],
                                processes.EXIT_GRACE)
-    report = config.stash.get(LEFTOVERS, [])
     if left:
-        report.append(f"{len(left)} process(es) started by this test session still ran after "
-                      f"it ended (now stopped):\n{processes.describe(left)}")
+        session.config.get_terminal_writer().line(
+            f"\nFAILED: {len(left)} process(es) started by this test session still ran after "
+            f"it ended (now stopped):\n{processes.describe(left)}", red=True)
         processes.stop(left)
-    if hasattr(config, "workeroutput"):  # an xdist worker: the controller reports it
-        config.workeroutput["leftovers"] = report
-    elif report:
-        for line in report:
-            config.get_terminal_writer().line(f"\nFAILED: {line}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-LEFTOVERS = pytest.StashKey[list[str]]()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    """An xdist worker finished: keep what it found still running, for the session's end."""
-    if leftovers := getattr(node, "workeroutput", {}).get("leftovers"):
-        node.config.stash.setdefault(LEFTOVERS, []).extend(
-            f"[{node.gateway.id}] {line}" for line in leftovers)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs the suite in two xdist processes (--dist loadgroup). A group runs in
-    one process, one test at a time: tests/e2e is one group (its tests train on the CPU and
-    share the session's demo assets), tests/local_runtime another (its session server), and
-    every other module is one (module-scoped fixtures). Collected first, e2e starts first
-    (--no-loadscope-reorder) and the other process takes the rest."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]  # tests/<folder>/test_x.py
-        folder = module.split("/")[1] if module.count("/") >= 2 else module
-        item.add_marker(pytest.mark.xdist_group(folder if folder in ("e2e", "local_runtime")
-                                                else module))
 
 
 @pytest.fixture(autouse=True)
@@ -415,20 +382,9 @@ def pg_job_body(pg_stack: Stack) -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The demo verifier and its on-policy conversations, made once per session (once for all
-    xdist workers: the first makes them under a lock, the others wait and reuse them)."""
-    from filelock import FileLock
-
+    """The demo verifier and its on-policy conversations, made once per session."""
     from workers.runtimes.local.demo import create_demo_model, write_demo_data
 
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # shared by the run's workers
-    model, data = base / "demo" / "demo", base / "demo" / "demo.jsonl"
-    with FileLock(base / "demo.lock"):
-        if not data.is_file():
-            model = create_demo_model(model)
-            partial = data.with_suffix(".partial")
-            write_demo_data(model, partial)
-            partial.rename(data)
-    return model, data
+    base = tmp_path_factory.mktemp("demo")
+    model = create_demo_model(base / "demo")
+    return model, write_demo_data(model, base / "demo.jsonl")
