@@ -63,7 +63,8 @@ def _records(log: str) -> list[Record]:
 
 
 def _completions_logged(server: Server) -> int:
-    return server.log_path.read_text().count("POST /v1/completions 200")
+    """The trainer's requests, from vLLM's access log."""
+    return server.log_path.read_text().count('"POST /v1/completions HTTP/1.1" 200')
 
 
 def test_single_process_online_epoch(
