@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 from pathlib import Path
 
@@ -186,9 +185,7 @@ def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api
     assert failed["error_code"] == "verifier_server_died"
     assert failed["status_reason"].startswith("verifier server died")
     final = pg_api.events(job["id"])[-1]
-    # The server's own log: vLLM's access log lines (prepare-data's renders, the trainer's
-    # requests), not the trainer's.
-    assert re.search(r'"(GET|POST) /v1/\S+ HTTP/1.1" 200', final["data"]["log_tail"]), final
+    assert "POST /v1/completions" in final["data"]["log_tail"]  # the server's own log
     wait_for(lambda: job_processes(job["id"]) == [], 15, "the trainer to be stopped")
     assert hidden_state_files(pg_stack, job["id"]) == []
 
