@@ -1,5 +1,5 @@
 """The whole pipeline for real on the CPU (local runtime): REST API -> a real worker process ->
-vLLM's hidden-states server (the CPU wheel) -> speculators prepare-data -> the speculators trainer.
+the local hidden-states server -> speculators prepare-data -> the speculators trainer.
 Then the faults: a killed worker (resume), a killed server, and a cancel during training."""
 
 from __future__ import annotations
@@ -168,9 +168,8 @@ def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch
 
 
 def server_pids(job_id: str) -> list[int]:
-    """The hidden-states server: vLLM's API server process (its engine core is in its group)."""
     return [pid for pid in job_processes(job_id)
-            if b"vllm.entrypoints.openai.api_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            if b"hidden_states_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
 def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api, pg_stack: Stack,
@@ -185,7 +184,7 @@ def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api
     assert failed["error_code"] == "verifier_server_died"
     assert failed["status_reason"].startswith("verifier server died")
     final = pg_api.events(job["id"])[-1]
-    assert "POST /v1/completions" in final["data"]["log_tail"]  # the server's own log
+    assert "specdeck.hidden_states_server" in final["data"]["log_tail"]  # the server's own log
     wait_for(lambda: job_processes(job["id"]) == [], 15, "the trainer to be stopped")
     assert hidden_state_files(pg_stack, job["id"]) == []
 

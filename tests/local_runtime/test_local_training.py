@@ -1,6 +1,6 @@
 """The speculators trainer on the CPU through ``workers.runtimes.local.train``, online
-against the session's vLLM hidden-states server (the CPU wheel): one process, then torchrun
-with gloo and a resume."""
+against the local hidden-states server: one process, then torchrun with gloo and a
+resume."""
 
 from __future__ import annotations
 
