@@ -382,9 +382,8 @@ def pg_job_body(pg_stack: Stack) -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The demo verifier and its on-policy conversations, made once per session."""
-    from workers.runtimes.local.demo import create_demo_model, write_demo_data
+    """The demo verifier and its on-policy conversations, made once per session: about a
+    minute and a half of CPU on 2 cores, so kept between runs (tests.support.demo_cache)."""
+    from tests.support.demo_cache import cached_demo_assets
 
-    base = tmp_path_factory.mktemp("demo")
-    model = create_demo_model(base / "demo")
-    return model, write_demo_data(model, base / "demo.jsonl")
+    return cached_demo_assets(tmp_path_factory.mktemp("demo"))

@@ -1,6 +1,9 @@
 """The whole pipeline for real on the CPU (local runtime): REST API -> a real worker process ->
-the local hidden-states server -> speculators prepare-data -> the speculators trainer.
-Then the faults: a killed worker (resume), a killed server, and a cancel during training."""
+the local hidden-states server -> speculators prepare-data -> the speculators trainer -> the
+evaluation. What a demo job must have done is ``assert_demo_job``, which
+tests/e2e/test_serving.py applies to the job it then deploys (one training for both). Here: the
+faults, a stopped worker (resume), a killed server, and cancels during training and
+evaluation."""
 
 from __future__ import annotations
 
@@ -42,15 +45,17 @@ def hidden_state_files(stack: Stack, job_id: str) -> list[Path]:
     return [p for p in work.rglob("*.safetensors") if "hidden_states" in p.parts]
 
 
-def test_demo_job_trains_a_dflash_drafter(pg_api: Api, pg_stack: Stack, demo) -> None:
-    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
-    job = submit(pg_api, demo, epochs=2)
-    done = pg_api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=600)
-    assert done["status"] == "succeeded", (done, pg_api.get(f"/api/jobs/{job['id']}/logs").text)
+def assert_demo_job(api: Api, stack: Stack, job_id: str) -> dict:
+    """A demo job of two epochs (``submit(api, demo, epochs=2)``) that ended: it trained a
+    DFlash drafter on the verifier's hidden states, saved a checkpoint per epoch, served the
+    best one on held-out prompts beside the baselines, and left nothing behind. Returns the
+    best checkpoint. (tests/e2e/test_serving.py trains it, then deploys it.)"""
+    done = api.job(job_id)
+    assert done["status"] == "succeeded", (done, api.get(f"/api/jobs/{job_id}/logs").text)
     layer_ids = done["speculator"]["target_layer_ids"]
     assert layer_ids == [2, DEMO_NUM_LAYERS // 2, DEMO_NUM_LAYERS - 3]
 
-    checkpoints = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+    checkpoints = api.get(f"/api/jobs/{job_id}/checkpoints").json()["data"]
     assert [c["epoch"] for c in checkpoints] == [0, 1]
     assert sum(c["is_best"] for c in checkpoints) == 1
     for checkpoint in checkpoints:
@@ -60,21 +65,23 @@ def test_demo_job_trains_a_dflash_drafter(pg_api: Api, pg_stack: Stack, demo) ->
         assert (Path(checkpoint["path"]) / "model.safetensors").is_file()
         assert checkpoint["metrics"]["eal_epoch"] > 1
 
-    metrics = pg_api.get(f"/api/jobs/{job['id']}/metrics").json()["data"]
+    metrics = api.get(f"/api/jobs/{job_id}/metrics").json()["data"]
     train_loss = [m for m in metrics if m["name"] == "train/loss"]
     assert len(train_loss) >= 10 and len({m["step"] for m in train_loss}) == len(train_loss)
     val_eal = sorted((m["epoch"], m["value"]) for m in metrics if m["name"] == "val/eal_epoch")
     assert [epoch for epoch, _ in val_eal] == [0, 1]
 
-    events = pg_api.events(job["id"])
+    events = api.events(job_id)
     stages = [e["stage"] for e in events if e["kind"] == "status" and e["stage"]]
     assert stages == ["starting_verifier", "preparing_data", "training", "evaluating"]
-    assert_evaluated(pg_api, job["id"], checkpoints, events, metrics)
-    assert hidden_state_files(pg_stack, job["id"]) == []
-    assert not (Path(pg_stack.env["SPECDECK_WORK_ROOT"]) / job["id"] / "hidden_states").exists()
-    assert job_processes(job["id"]) == []
-    log = pg_api.get(f"/api/jobs/{job['id']}/logs", params={"tail": 5000}).text
+    assert_evaluated(api, job_id, checkpoints, events, metrics)
+    assert hidden_state_files(stack, job_id) == []
+    assert not (Path(stack.env["SPECDECK_WORK_ROOT"]) / job_id / "hidden_states").exists()
+    assert job_processes(job_id) == []
+    log = api.get(f"/api/jobs/{job_id}/logs", params={"tail": 5000}).text
     assert "Checkpoint saved to" in log
+    [best] = [c for c in checkpoints if c["is_best"]]
+    return best
 
 
 def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: list[dict],

@@ -1,5 +1,6 @@
-"""From a job to /v1/chat/completions on the CPU: a demo job trains a drafter, a local-runtime
-deployment serves it with the verifier, and the real `openai` SDK talks to the gateway of a
+"""From a job to /v1/chat/completions on the CPU: a demo job trains a drafter (everything
+tests/e2e/test_pipeline.py's ``assert_demo_job`` asks of it: checkpoints, metrics, the served
+evaluation), a local-runtime deployment serves it with the verifier, and the real `openai` SDK talks to the gateway of a
 real `specdeck api` server. The text must be token-identical to the verifier's own greedy
 decoding, and the engine's speculative-decoding counters must show an acceptance length > 1.
 A Hub drafter id (a directory laid out as a Hub snapshot) deploys through the same path."""
@@ -17,7 +18,7 @@ import pytest
 
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
-from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
+from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, assert_demo_job, submit
 from tests.integration.test_dispatch import wait_for
 from tests.support.api_server import start_api, stop_api
 
@@ -80,11 +81,9 @@ def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack,
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE, HF_HUB_CACHE=str(hub_cache), HF_HUB_OFFLINE="1")
-    job = pg_api.post("/api/jobs", json={**demo, "runtime": "local",
-                                         "speculator": {**CPU_SPECULATOR, "epochs": 2}}).json()
-    done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=900)
-    assert done["status"] == "succeeded", done
-    [best] = [c for c in pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"] if c["is_best"]]
+    job = submit(pg_api, demo, epochs=2)
+    pg_api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=900)
+    best = assert_demo_job(pg_api, pg_stack, job["id"])
 
     deployment = deploy(pg_api, {"name": "demo-dflash", "checkpoint_id": best["id"], "runtime": "local"})
     assert deployment["status"] == "ready", deployment
