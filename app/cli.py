@@ -67,9 +67,9 @@ def cmd_api(args: argparse.Namespace) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
+    from app.celery_app import celery_app
+    from app.gpus import detect_gpus
     from app.settings import get_settings
-    from workers.celery_app import celery_app
-    from workers.gpus import detect_gpus
 
     _ensure_sqlite_dirs()
     settings = get_settings()
@@ -86,8 +86,8 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from app.doctor.runner import host_runtime, run
+    from app.gpus import detect_gpus
     from app.settings import get_settings
-    from workers.gpus import detect_gpus
 
     runtime = args.runtime or host_runtime(detect_gpus(get_settings().worker_gpus))
     return run(runtime, as_json=args.json)

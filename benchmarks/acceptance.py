@@ -153,7 +153,7 @@ def measure_pair(verifier: Path, drafter: Path, prompts: list[list[dict[str, str
     import torch
 
     from benchmarks.local_engine import engine_generate, hf_generate, measure
-    from workers.runtimes import NGRAM_LOOKUP
+    from app.runtimes import NGRAM_LOOKUP
     from workers.runtimes.local.speculation import LocalEngine
 
     trained = LocalEngine(verifier, {"method": "dflash", "model": str(drafter)})

@@ -40,7 +40,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from workers.runtimes import NGRAM_LOOKUP  # noqa: E402
+from app.runtimes import NGRAM_LOOKUP  # noqa: E402
 from workers.runtimes.local.engine import LocalEngine  # noqa: E402
 
 # Demo-style prompts (the demo verifier's training data uses the same vocabulary).

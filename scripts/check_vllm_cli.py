@@ -49,7 +49,7 @@ from app.doctor.flags import (  # noqa: E402
     vllm_argument_set,
     vllm_serve_parser,
 )
-from workers.runtimes import server_layer_ids  # noqa: E402
+from app.runtimes import server_layer_ids  # noqa: E402
 
 PACKAGES = ("vllm", "torch", "transformers", "speculators", "hs-connectors")
 

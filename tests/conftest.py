@@ -86,9 +86,9 @@ def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def configure(env: dict[str, str]) -> None:
     """Point this process's settings, engine and Celery app at ``env``."""
+    from app.celery_app import get_celery
     from app.db import get_engine, get_sessionmaker
     from app.settings import get_settings
-    from workers.celery_app import get_celery
 
     os.environ.update(env)
     if get_engine.cache_info().currsize:

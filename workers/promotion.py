@@ -24,11 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.db import session_scope
 from app.db.models import Deployment, Promotion
+from app.runtimes import build_serve
 from app.services import promotions
 from app.services.state import PromotionStatus, move_promotion
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import build_serve
 from workers.supervisor import ManagedProcess
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Job, utcnow
+from app.runtimes import StageCommand
 from app.services.publishing import checkpoint_card_fields, evaluation_card_rows, render_model_card
 from app.services.secrets import HF_TOKEN, reveal
 from app.services.webhooks import enqueue
 from app.settings import Settings
-from workers.runtimes import StageCommand
 
 
 class MissingToken(Exception):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import httpx
 
+from app.logtail import tail
 from workers.runner import JobContext, StageFailed
-from workers.supervisor import ManagedProcess, tail
+from workers.supervisor import ManagedProcess
 
 
 def free_port() -> int:

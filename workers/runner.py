@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from app.db import session_scope, with_retries
+from app.logtail import tail
+from app.runtimes import JobPaths, Plan, StageCommand
 from app.services.scheduling import schedule
 from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
-from workers.runtimes import JobPaths, Plan, StageCommand
-from workers.supervisor import Group, ManagedProcess, tail
+from workers.supervisor import Group, ManagedProcess
 
 log = logging.getLogger(__name__)
 

@@ -9,21 +9,22 @@ import threading
 from celery import signals
 from sqlalchemy import select
 
+from app.celery_app import celery_app
 from app.db import session_scope
 from app.db.models import Checkpoint, Deployment, Job
 from app.doctor.runner import host_runtime, warn_at_startup
+from app.gpus import detect_gpus
+from app.logtail import tail
+from app.services import workers as registry
 from app.services.publishing import PublishError
 from app.services.secrets import HF_TOKEN, cipher
-from app.services import workers as registry
 from app.settings import get_settings
-from workers.celery_app import celery_app
 from workers.deployments import run_deployment
-from workers.gpus import detect_gpus
 from workers.lease import claim
 from workers.publish import MissingToken, prepare, record
 from workers.reconciler import Reconciler, recover_own
 from workers.runner import HOST, SHUTTING_DOWN, run_job
-from workers.supervisor import ManagedProcess, tail
+from workers.supervisor import ManagedProcess
 from workers.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)

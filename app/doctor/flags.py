@@ -162,8 +162,8 @@ def specdeck_commands(job: Mapping[str, Any], *, drafter: str = SAMPLE_DRAFTER,
     make it: its plan's stages, a warm start's trainer, the evaluation's three engines (a
     deployment's serving command) with ``drafter``, and for the ``vllm`` runtime the vLLM
     command a published model card prints."""
+    from app.runtimes import JobPaths, build_plan, evaluation_command
     from app.services.publishing import vllm_serve_command
-    from workers.runtimes import JobPaths, build_plan, evaluation_command
 
     job = dict(job)
     paths = JobPaths(root=root, hidden_states=root / "hidden_states", data=root / "data",

@@ -1,12 +1,12 @@
-"""The doctor's GPU rows, from NVML (workers/gpus.py, as the worker registers them): how many,
+"""The doctor's GPU rows, from NVML (app/gpus.py, as the worker registers them): how many,
 the driver, and each GPU's free memory. The vllm runtime needs at least one; the local runtime
 runs on the CPU and only reports them."""
 
 from __future__ import annotations
 
 from app.doctor.report import Check
-from workers.gpus import Nvml, read_nvml
-from workers.runtimes.vllm import GPU_MEMORY_UTILIZATION
+from app.gpus import Nvml, read_nvml
+from app.runtimes.vllm import GPU_MEMORY_UTILIZATION
 
 
 def gpu_rows(nvml: Nvml, runtime: str) -> list[Check]:

@@ -32,7 +32,7 @@ def send_run_job(ident: str, queue: str, task: str = RUN_JOB_TASK) -> None:
 
 
 def send(task: str, args: list[Any], queue: str) -> None:
-    from workers.celery_app import get_celery
+    from app.celery_app import get_celery
 
     try:
         get_celery().send_task(task, args=args, queue=queue)

@@ -13,17 +13,17 @@ from sqlalchemy.orm import Session, aliased
 
 from app.db.models import Checkpoint, Job, JobEvent, JobMetric
 from app.errors import APIError, not_found
+from app.logtail import tail
+from app.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
 from app.schemas.jobs import JobCreate, JobOut, JobProgress
 from app.services import quotas, state
 from app.services.checkpoints import checkpoint_drafter
+from app.services.datasets import resolve_for_job
 from app.services.promotions import serving_deployment
 from app.services.scheduling import schedule
-from app.services.datasets import resolve_for_job
 from app.services.state import JobStatus
 from app.services.verifier import VerifierInfo, check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
-from workers.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
-from workers.supervisor import tail
 
 
 def request_hash(body: JobCreate) -> str:

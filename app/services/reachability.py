@@ -19,7 +19,7 @@ def ping_broker() -> None:
     transport; raises if there is none. Redis is really connected to; kombu's SQLAlchemy
     transport (the embedded default) connects lazily, so for it this checks little more than
     the URL."""
-    from workers.celery_app import get_celery
+    from app.celery_app import get_celery
 
     with get_celery().connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=2)

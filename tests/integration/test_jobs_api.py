@@ -105,8 +105,8 @@ def test_cancel_queued_job_is_immediate_and_idempotent(api: Api, job_body) -> No
 
 
 def test_plan_uses_the_same_builder_as_the_worker(api: Api, job_body, stack: Stack) -> None:
+    from app.runtimes import JobPaths, build_plan
     from app.settings import get_settings
-    from workers.runtimes import JobPaths, build_plan
 
     job = api.post("/api/jobs", json=job_body()).json()
     plan = api.get(f"/api/jobs/{job['id']}/plan").json()

@@ -37,8 +37,8 @@ from tests.local_runtime.procs import (
     run_logged,
     wait_until_ready,
 )
-from workers.runtimes import NGRAM_LOOKUP
-from workers.runtimes.local.commands import serve_command
+from app.runtimes import NGRAM_LOOKUP
+from app.runtimes.local import serve_command
 from workers.runtimes.local.engine import (
     DFlashEngine,
     LocalEngine,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sys
 
+from app.runtimes import StageCommand
 from app.services.state import Stage
 from workers.runner import JobContext, PipelineStage
-from workers.runtimes import StageCommand
 
 
 def run_child(ctx: JobContext) -> None:

@@ -15,8 +15,8 @@ from app.doctor.gpus import gpu_rows
 from app.doctor.report import Check
 from app.doctor.runner import FAILED, PROVIDERS, SUCCEEDED, collect, failures, report, status
 from app.doctor.versions import Pin, pins, version_check, version_checks
-from workers.gpus import Gpu, Nvml
-from workers.runtimes import SPECULATORS_VERSION
+from app.gpus import Gpu, Nvml
+from app.runtimes import SPECULATORS_VERSION
 
 PIN = Pin(SpecifierSet("==2.13.0"), "requirements/local.txt")
 

@@ -21,7 +21,7 @@ from workers.pipeline.evaluate import (
     parse_counters,
     summary,
 )
-from workers.runtimes import EVALUATION_MODEL, build_plan, build_serve, evaluation_command
+from app.runtimes import EVALUATION_MODEL, build_plan, build_serve, evaluation_command
 
 # What vLLM's /metrics looks like: counters with a _total suffix, one series per engine.
 VLLM_METRICS = """\

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.runtimes import JobPaths, build_plan
+from app.runtimes import JobPaths, build_plan
 
 SPEC = {
     "verifier": "Qwen/Qwen3-8B",
@@ -188,7 +188,7 @@ def test_failures_are_classified_from_the_exit_code_and_log(code: int, log: str,
 def test_a_resumed_regeneration_asks_only_for_the_conversations_left() -> None:
     """regenerate-responses skips the conversations already in its output without counting
     them against --limit: a resume after 12 of 50 asks for 38, so the total stays 50."""
-    from workers.runtimes import regenerate_argv
+    from app.runtimes import regenerate_argv
 
     job = spec(dataset_kind="upload", data={"regenerate": True, "max_samples": 50})
     assert flag(regenerate_argv(job, PATHS, "http://127.0.0.1:9"), "--limit") == "50"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from workers.supervisor import TAIL_BLOCK, ManagedProcess, tail
+from app.logtail import TAIL_BLOCK, tail
+from workers.supervisor import ManagedProcess
 
 
 def test_padded_lines_are_stored_without_their_padding(tmp_path: Path) -> None:

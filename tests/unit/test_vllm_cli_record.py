@@ -16,9 +16,9 @@ from app.doctor.flags import (
     representative_job,
     specdeck_commands,
 )
+from app.runtimes import SPECULATORS_VERSION, JobPaths, build_plan, server_layer_ids
+from app.runtimes import vllm as vllm_runtime
 from tests.support.vllm_cli_record import argument_sets, pinned_vllm, record
-from workers.runtimes import SPECULATORS_VERSION, JobPaths, build_plan, server_layer_ids
-from workers.runtimes import vllm as vllm_runtime
 
 RUNTIMES = ("vllm", "local")
 COMMANDS = [(runtime, name, argv) for runtime in RUNTIMES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.runtimes import data_settings, evaluation_settings
 from app.services.state import Stage
 from workers.pipeline.data import prepare_data
 from workers.pipeline.deploy import deploy
@@ -12,7 +13,6 @@ from workers.pipeline.regenerate import regenerate
 from workers.pipeline.training import train
 from workers.pipeline.verifier import start_verifier
 from workers.runner import JobContext, PipelineStage
-from workers.runtimes import data_settings, evaluation_settings
 
 
 def evaluate_and_gate(ctx: JobContext) -> None:

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from app.db import session_scope, with_retries
+from app.runtimes import dataset_file, training_data
 from app.services import capture
 from app.services.secrets import cipher
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import dataset_file, training_data
 
 
 def prepared(ctx: JobContext) -> bool:

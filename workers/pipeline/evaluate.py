@@ -40,7 +40,7 @@ from app.schemas.jobs import EvaluateSpec
 from workers.publish import best_checkpoint
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import (
+from app.runtimes import (
     EVALUATION_MODEL,
     JobPaths,
     StageCommand,
@@ -49,7 +49,7 @@ from workers.runtimes import (
     evaluation_settings,
     training_data,
 )
-from workers.supervisor import tail
+from app.logtail import tail
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

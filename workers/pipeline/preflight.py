@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from app.runtimes import JobPaths, data_settings, dataset_file, server_layer_ids
 from workers.pipeline.data import write_captured
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import JobPaths, data_settings, dataset_file, server_layer_ids
 
 BYTES_PER_TOKEN_OF_TEXT = 4  # a rough tokenizer ratio, to size hidden states before data prep
 GIB = 2**30

@@ -21,11 +21,11 @@ import threading
 from pathlib import Path
 
 from app.db.models import JobMetric
+from app.logtail import tail
+from app.runtimes import data_settings, regeneration_commands, regeneration_source
 from workers.pipeline.data import write_captured
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
-from workers.runtimes import data_settings, regeneration_commands, regeneration_source
-from workers.supervisor import tail
 
 log = logging.getLogger(__name__)
 

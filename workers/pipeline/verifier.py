@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.runtimes import build_plan
 from workers.pipeline.preflight import preflight
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext
-from workers.runtimes import build_plan
 
 
 def allocated_gpus(spec: dict[str, Any]) -> tuple[list[int], list[int]] | None:

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from workers.runtimes import (
+from app.runtimes import (
     PER_REQUEST_METRICS,
     UPSTREAM_KEY_ENV,
     JobPaths,
