@@ -19,7 +19,7 @@ from app.db.models import Checkpoint, Deployment, Job, Worker, utcnow
 from app.services import capture, live_metrics
 from app.services import workers as registry
 from app.services.dispatch import kick
-from app.services.scheduling import MISSED_HEARTBEATS, schedule, unplace_from_dead_workers
+from app.services.scheduling import schedule, unplace_from_dead_workers
 from app.services.state import (LEASED, MACHINES, DeploymentStatus, JobStatus, StaleJob,
                                 record_event, transition)
 from app.settings import Settings, get_settings
@@ -97,7 +97,7 @@ def stop_orphans(found: list[Orphans]) -> None:
                          f"(pids {', '.join(map(str, sorted(pids)))})", {"pids": sorted(pids)})
 
 
-def expire_leases(settings: Settings, host: str) -> int:
+def expire_leases(host: str) -> int:
     """Jobs and deployments whose lease ran out (their worker stopped heartbeating) go back,
     and what the worker left running on this host is stopped."""
     found: list[Orphans] = []
@@ -120,7 +120,7 @@ def expire_leases(settings: Settings, host: str) -> int:
 def fail_orphaned_publishes(settings: Settings) -> int:
     """Publishes whose worker stopped heartbeating (it died mid-upload, or went with the task's
     message): failed, so the checkpoint can be published again."""
-    cutoff = utcnow() - timedelta(seconds=settings.reconcile_seconds * MISSED_HEARTBEATS)
+    cutoff = registry.heartbeat_cutoff(settings.reconcile_seconds)
     with session_scope() as session:
         orphaned = session.scalars(
             select(Checkpoint).outerjoin(Worker, Worker.id == Checkpoint.worker_id)
@@ -176,7 +176,7 @@ def recover_own(worker_id: str, host: str) -> int:
 def reconcile_once(settings: Settings, worker_id: str, host: str) -> None:
     with session_scope() as session:
         registry.heartbeat(session, worker_id)
-    expire_leases(settings, host)
+    expire_leases(host)
     fail_orphaned_publishes(settings)
     with session_scope() as session:
         capture.purge_expired(session)  # traffic capture's retention

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +10,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db import after_commit
-from app.db.models import Checkpoint, Job, Secret, Worker, utcnow
+from app.db.models import Checkpoint, Job, Secret, Worker
 from app.errors import APIError, not_found
 from app.schemas.jobs import PublishRequest
 from app.services.dispatch import send
-from app.services.scheduling import MISSED_HEARTBEATS
 from app.services.secrets import HF_TOKEN
 from app.services.verifier import load_config
+from app.services.workers import heartbeat_cutoff
 from app.settings import Settings
 
 PUBLISH_TASK = "specdeck.publish_checkpoint"
@@ -94,7 +93,7 @@ def request_publish(session: Session, project_id: str, checkpoint_id: str, body:
         raise APIError(422, "the project has no HF_TOKEN secret: PUT /api/secrets/HF_TOKEN first",
                        code="missing_secret", param=HF_TOKEN)
     worker = session.get(Worker, checkpoint.worker_id) if checkpoint.worker_id else None
-    cutoff = utcnow() - timedelta(seconds=settings.reconcile_seconds * MISSED_HEARTBEATS)
+    cutoff = heartbeat_cutoff(settings.reconcile_seconds)
     if worker is None or worker.last_heartbeat_at < cutoff:
         raise APIError(409, f"the worker holding checkpoint {checkpoint.id} "
                        f"({checkpoint.worker_id}) is offline", code="checkpoint_offline")

@@ -13,7 +13,6 @@ outcome, a lost worker too).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete, select, update
@@ -21,13 +20,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db.models import Allocation, Deployment, Job, Worker, utcnow
+from app.db.models import Allocation, Deployment, Job, Worker
 from app.services.dispatch import kick
 from app.services.state import MACHINES, record_event
+from app.services.workers import heartbeat_cutoff
 from app.settings import Settings
 
 BATCH = 200
-MISSED_HEARTBEATS = 3
 
 
 class _AlreadyPlaced(Exception):
@@ -67,7 +66,7 @@ def need(obj: Job | Deployment) -> Need:
 
 
 def alive_workers(session: Session, settings: Settings) -> list[Worker]:
-    cutoff = utcnow() - timedelta(seconds=settings.reconcile_seconds * MISSED_HEARTBEATS)
+    cutoff = heartbeat_cutoff(settings.reconcile_seconds)
     return list(session.scalars(select(Worker).where(Worker.last_heartbeat_at >= cutoff)
                                 .order_by(Worker.id)))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -12,8 +12,15 @@ from app.db.models import Deployment, Job, Worker, utcnow
 from app.schemas.workers import RunningOut, WorkerOut
 from app.services.state import MACHINES
 
-# A worker that missed this many heartbeats is shown as not alive.
+# A worker that missed this many heartbeats counts as gone: shown as not alive, given no new
+# work, its leases and checkpoints taken back.
 MISSED_HEARTBEATS = 3
+
+
+def heartbeat_cutoff(heartbeat_seconds: float) -> datetime:
+    """A worker whose last heartbeat is older than this is gone (``heartbeat_seconds``: how often
+    workers heartbeat, their reconcile interval)."""
+    return utcnow() - timedelta(seconds=heartbeat_seconds * MISSED_HEARTBEATS)
 
 
 def register(session: Session, *, worker_id: str, host: str, queue: str,
@@ -66,7 +73,7 @@ def _running(session: Session, worker_ids: list[str], project_id: str) -> dict[s
 def list_workers(session: Session, heartbeat_seconds: float, project_id: str) -> list[WorkerOut]:
     """``heartbeat_seconds``: how often workers heartbeat (their reconcile interval); what runs
     on them is shown in full for ``project_id``'s work only."""
-    cutoff = utcnow() - timedelta(seconds=heartbeat_seconds * MISSED_HEARTBEATS)
+    cutoff = heartbeat_cutoff(heartbeat_seconds)
     workers = list(session.scalars(select(Worker).order_by(Worker.id)))
     running = _running(session, [w.id for w in workers], project_id)
     return [WorkerOut(id=w.id, host=w.host, queue=w.queue, gpus=w.gpus, capacity=w.capacity,

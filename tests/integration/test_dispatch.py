@@ -86,15 +86,21 @@ def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
 def test_c_sigkilled_worker_job_is_requeued_and_finished_by_another(pg_api: Api, pg_job_body,
                                                                     pg_stack: Stack, tmp_path: Path) -> None:
     first = pg_stack.start_worker("first")
-    # 10 s: ample time, on a busy machine too, to kill the worker while the child still runs.
-    job = pg_api.post("/api/jobs", json=pg_job_body(
-        metadata={"test_seconds": "10", "test_pid_dir": str(tmp_path)})).json()
+    # The child runs until released (at most 120 s): it still runs when the worker is killed,
+    # however slow the machine, and the second attempt's ends once it has started.
+    release = tmp_path / "release"
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={
+        "test_seconds": "120", "test_until": str(release), "test_pid_dir": str(tmp_path)})).json()
     orphan_pid, orphan_pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30,
                                        "the first attempt's child")
     first.kill()  # SIGKILL: no cleanup, the child lives on in its own session
     assert group_alive(orphan_pgid)
 
     pg_stack.start_worker("second")
+    wait_for(lambda: pid_files(tmp_path, job["id"]).get(2), 120, "the second attempt's child")
+    # Not released yet, so only the reaper can have ended it.
+    wait_for(lambda: not group_alive(orphan_pgid), 60, "the dead worker's child to be reaped")
+    release.touch()
     done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=120)
     assert done["status"] == "succeeded", done
     assert done["attempt"] == 2

@@ -10,11 +10,17 @@ from tests.integration.test_dispatch import pid_files, ts, wait_for
 from workers.supervisor import group_alive
 
 
+# A job that holds its allocation until the test releases it (at most this long).
+HOLD = "120"
+
+
 def gpu_job(body, seconds: str, tp: int, trainer: int, pid_dir: Path | None = None,
-            share: bool = False) -> dict:
+            share: bool = False, until: Path | None = None) -> dict:
     meta = {"test_seconds": seconds}
     if pid_dir:
         meta["test_pid_dir"] = str(pid_dir)
+    if until:
+        meta["test_until"] = str(until)
     return body(runtime="vllm", metadata=meta,
                 resources={"verifier": {"tensor_parallel_size": tp}, "trainer_gpus": trainer,
                            "share_verifier_gpus": share})
@@ -32,11 +38,14 @@ def allocations(stack: Stack) -> int:
 
 
 def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Api, pg_job_body,
-                                                                      pg_stack: Stack) -> None:
+                                                                      pg_stack: Stack,
+                                                                      tmp_path: Path) -> None:
     pg_stack.start_worker("gpu-box", SPECDECK_WORKER_GPUS="0,1,2,3")
-    # 10 s: the first still holds its GPUs when the second is created, on a busy machine too.
-    first = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "10", tp=2, trainer=1)).json()
-    second = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "1", tp=2, trainer=1)).json()
+    # The first holds its GPUs until released, however slow the machine.
+    release = tmp_path / "release"
+    first = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, HOLD, tp=2, trainer=1,
+                                                  until=release)).json()
+    second = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=2, trainer=1)).json()
     assert first["worker"] == "gpu-box"
     assert first["allocation"] == {"verifier": [0, 1], "trainer": [2]}
     assert second["worker"] is None
@@ -45,6 +54,8 @@ def test_jobs_needing_more_than_half_the_gpus_run_one_after_the_other(pg_api: Ap
 
     plan = pg_api.get(f"/api/jobs/{first['id']}/plan").json()
     assert plan["gpus"] == {"verifier": [0, 1], "trainer": [2]}
+    assert pg_api.job(second["id"])["status"] == "queued"
+    release.touch()
 
     for job in (first, second):
         assert pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=120)["status"] == "succeeded"
@@ -83,13 +94,20 @@ def test_no_gpu_worker_means_gpu_jobs_wait(pg_api: Api, pg_job_body, pg_stack: S
 def test_allocations_are_freed_after_a_worker_crash(pg_api: Api, pg_job_body, pg_stack: Stack,
                                                     tmp_path: Path) -> None:
     first = pg_stack.start_worker("crashy", SPECDECK_WORKER_GPUS="0,1,2,3")
-    # 10 s: ample time, on a busy machine too, to kill the worker while the child still runs.
-    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "10", tp=2, trainer=2, pid_dir=tmp_path)).json()
+    # The child runs until released: it still runs when the worker is killed, however slow the
+    # machine, and its second attempt ends once it has started.
+    release = tmp_path / "release"
+    job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, HOLD, tp=2, trainer=2, pid_dir=tmp_path,
+                                                until=release)).json()
     waiting = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
     _, pgid = wait_for(lambda: pid_files(tmp_path, job["id"]).get(1), 30, "the child")
     assert allocations(pg_stack) == 4
     first.kill()
     pg_stack.start_worker("rescuer", SPECDECK_WORKER_GPUS="0,1,2,3")
+    wait_for(lambda: pid_files(tmp_path, job["id"]).get(2), 120, "the second attempt's child")
+    # Not released yet, so only the reaper can have ended it.
+    wait_for(lambda: not group_alive(pgid), 60, "the dead worker's child to be reaped")
+    release.touch()
     for j in (job, waiting):
         assert pg_api.wait_status(j["id"], {"succeeded", "failed"}, timeout=120)["status"] == "succeeded"
     assert pg_api.job(job["id"])["attempt"] == 2
@@ -98,27 +116,32 @@ def test_allocations_are_freed_after_a_worker_crash(pg_api: Api, pg_job_body, pg
 
 
 def test_cpu_capacity_is_the_number_of_concurrent_local_jobs(pg_api: Api, pg_job_body,
-                                                              pg_stack: Stack) -> None:
+                                                              pg_stack: Stack, tmp_path: Path) -> None:
     pg_stack.start_worker("laptop", SPECDECK_WORKER_CONCURRENCY="2")
-    # The first two run 10 s: they still hold both slots when the third is created, on a busy
-    # machine too.
-    jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": seconds})).json()
-            for seconds in ("10", "10", "0.5")]
+    # The first two hold both slots until released, however slow the machine.
+    release = tmp_path / "release"
+    holding = {"test_seconds": HOLD, "test_until": str(release)}
+    jobs = [pg_api.post("/api/jobs", json=pg_job_body(metadata=meta)).json()
+            for meta in (holding, holding, {"test_seconds": "0.5"})]
     assert [j["allocation"] for j in jobs[:2]] == [{"slot": [0]}, {"slot": [1]}]
     assert jobs[2]["status_reason"] == (f"waiting for a free training slot: laptop has 0 of 2 free "
                                         f"(used by {jobs[0]['id']}, {jobs[1]['id']})")
+    release.touch()
     for job in jobs:
         assert pg_api.wait_status(job["id"], {"succeeded"}, timeout=120)
     assert allocations(pg_stack) == 0
 
 
-def test_plan_of_a_placed_vllm_job_uses_its_allocation(pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+def test_plan_of_a_placed_vllm_job_uses_its_allocation(pg_api: Api, pg_job_body, pg_stack: Stack,
+                                                       tmp_path: Path) -> None:
     """GET /plan shows the commands the worker will run, on the GPUs the scheduler assigned."""
     import json
 
     pg_stack.start_worker("gpu-box", SPECDECK_WORKER_GPUS="0,1,2,3")
-    # 10 s: the blocker still holds GPUs 0 and 1 when the job is created, on a busy machine too.
-    blocker = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "10", tp=1, trainer=1)).json()
+    # The blocker holds GPUs 0 and 1 until released, however slow the machine.
+    release = tmp_path / "release"
+    blocker = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, HOLD, tp=1, trainer=1,
+                                                    until=release)).json()
     job = pg_api.post("/api/jobs", json=gpu_job(pg_job_body, "0.5", tp=1, trainer=1)).json()
     assert blocker["allocation"] == {"verifier": [0], "trainer": [1]}
     assert job["allocation"] == {"verifier": [2], "trainer": [3]}
@@ -131,6 +154,7 @@ def test_plan_of_a_placed_vllm_job_uses_its_allocation(pg_api: Api, pg_job_body,
     assert server["env"]["CUDA_VISIBLE_DEVICES"] == "2" and trainer["env"]["CUDA_VISIBLE_DEVICES"] == "3"
     argv = trainer["argv"]
     assert argv[argv.index("--target-layer-ids") + 1:argv.index("--target-layer-ids") + 4] == ["2", "4", "5"]
+    release.touch()
     for j in (blocker, job):
         pg_api.wait_status(j["id"], {"succeeded"}, timeout=60)
 

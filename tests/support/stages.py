@@ -1,6 +1,7 @@
 """Test-only pipeline: one stage that runs a real long-running Python child under the
-supervisor. The job's metadata says how long it runs (``test_seconds``) and how it exits
-(``test_exit_code``: non-zero fails the job)."""
+supervisor. The job's metadata says how long it runs (``test_seconds``, or until the file
+``test_until`` exists, ``test_seconds`` then being the cap) and how it exits (``test_exit_code``:
+non-zero fails the job)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def run_child(ctx: JobContext) -> None:
     argv = [sys.executable, "-m", "tests.support.child", "--seconds", meta.get("test_seconds", "1")]
     if meta.get("test_pid_dir"):
         argv += ["--pid-file", f"{meta['test_pid_dir']}/{ctx.job_id}-{ctx.lease.attempt}.pid"]
+    if meta.get("test_until"):
+        argv += ["--until", meta["test_until"]]
     if meta.get("test_ignore_sigterm"):
         argv.append("--ignore-sigterm")
     if meta.get("test_exit_code"):
