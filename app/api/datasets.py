@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.errors import APIError, error_responses
-from app.schemas.common import NO_NUL, Page, inline_schema, nul_in
+from app.schemas.common import Page, inline_schema, text_problem
 from app.schemas.datasets import NAME_MAX, DatasetOut, PublicDatasetCreate
 from app.services import datasets as service
 
@@ -29,7 +29,7 @@ DATASET_ID = service.DATASET_ID.pattern
 Limit = Annotated[int, Query(ge=1, le=100)]
 JSON_BODY_MAX = 64 * 1024
 
-# What _upload_fields accepts as the upload's name: not blank, and no NUL.
+# What _upload_fields accepts as the upload's name: not blank, and storable text.
 UPLOAD_NAME = re.compile(r"^[^\x00]*[^\s\x00][^\x00]*$")
 _REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     "multipart/form-data": {"schema": {
@@ -115,8 +115,9 @@ def _upload_fields(items: list[tuple[str, UploadFile | str]]) -> tuple[UploadFil
             if not isinstance(value, str) or len(value) > NAME_MAX:
                 raise APIError(422, f"name must be 1-{NAME_MAX} characters", code="invalid_value",
                                param="name")
-            if nul_in(value):
-                raise APIError(422, f"name {NO_NUL}", code="invalid_value", param="name")
+            problem = text_problem(value)
+            if problem:
+                raise APIError(422, f"name {problem}", code="invalid_value", param="name")
             if not UPLOAD_NAME.fullmatch(value):
                 raise APIError(422, "name must not be blank", code="invalid_value", param="name")
             name = value

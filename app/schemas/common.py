@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -15,16 +16,37 @@ NUL_FREE = r"^[^\x00]*$"  # the same rule as a JSON Schema pattern
 BIGINT_MAX = 2**63 - 1  # event ids are BIGINT: a cursor past that is a client error, not a 500
 
 
-def nul_in(value: Any) -> bool:
-    """Whether a NUL character is anywhere in ``value``: a string, or the keys and values of
-    nested dicts and lists."""
+SURROGATE = re.compile("[\ud800-\udfff]")
+NO_SURROGATE = "must be Unicode text: a lone surrogate (\\ud800-\\udfff) is not"
+
+
+def text_problem(value: Any) -> str | None:
+    """Why ``value`` (a string, or the keys and values of nested dicts and lists) cannot be
+    stored and read back as text, or None. A NUL character: Postgres cannot store one. A lone
+    surrogate: JSON can spell one ("\\ud800"), but no UTF-8 column or response can hold it."""
     if isinstance(value, str):
-        return NUL in value
+        if NUL in value:
+            return NO_NUL
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return NO_SURROGATE
+        return None
     if isinstance(value, dict):
-        return any(nul_in(k) or nul_in(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(nul_in(v) for v in value)
-    return False
+        parts: Any = (part for item in value.items() for part in item)
+    elif isinstance(value, (list, tuple)):
+        parts = value
+    else:
+        return None
+    return next(filter(None, map(text_problem, parts)), None)
+
+
+def readable_text(value: str) -> str:
+    """``value`` with each lone surrogate replaced by U+FFFD: for rows stored before requests
+    were checked for them, which must still be listed, read and cancelled. (A str holds a
+    valid pair as one code point, so any surrogate in it is a lone one.)"""
+    return SURROGATE.sub("\ufffd", value)
 
 
 def _forbid_nul(schema: Any) -> None:
@@ -44,16 +66,17 @@ def _forbid_nul(schema: Any) -> None:
 
 class Strict(BaseModel):
     """A request body: types are not coerced ("16" is not an integer), unknown fields are
-    refused, and so is a NUL character in any text of it (Postgres cannot store one, and no
-    name, path or value needs one). The JSON schema says all three."""
+    refused, and so is text that cannot be stored (text_problem: a NUL character, which no
+    name, path or value needs, or a lone surrogate). The JSON schema says the first three."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_nul(cls, value: Any) -> Any:
-        if nul_in(value):
-            raise ValueError(NO_NUL)
+    def _storable_text(cls, value: Any) -> Any:
+        problem = text_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @classmethod

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 
-from app.schemas.common import EventBase, Strict
+from app.schemas.common import EventBase, Strict, readable_text, text_problem
 from app.schemas.verifiers import VerifierRef
 
 # Matched whole (fullmatch: "$" alone would let a trailing newline through); the same text is the
@@ -247,6 +247,13 @@ class JobOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _readable(cls, value: Any) -> Any:
+        if isinstance(value, dict) and text_problem(value):  # a row stored before the check
+            return {readable_text(k): readable_text(v) for k, v in value.items()}
+        return value
 
 
 class EventOut(EventBase):

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from app.db import after_commit
 from app.db.models import Dataset, Job
 from app.errors import APIError, error_body, not_found
+from app.schemas.common import text_problem
 from app.schemas.datasets import NAME_MAX, DatasetOut
 from app.services import quotas
 from app.services.paths import resolve_under
@@ -34,6 +35,8 @@ DATASET_ID = re.compile(r"^ds_[0-9a-f]{24}$")
 DEFAULT_MAX_DATASET_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 MAX_ERRORS = 20
+# A surrogate spelled as a JSON escape: only a line holding one can hold a lone one.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 CHUNK_BYTES = 1024 * 1024
 # Room for the multipart framing around the file (boundaries, part headers, the name field).
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
@@ -197,6 +200,10 @@ class _Scan:
             record = json.loads(text)
         except json.JSONDecodeError as exc:
             raise _LineError(f"invalid JSON: {exc.msg} (column {exc.colno})") from exc
+        except RecursionError as exc:  # the parser's own bound on nesting (about 1,000 levels)
+            raise _LineError("nested too deep: no conversation needs that many levels") from exc
+        if SURROGATE_ESCAPE.search(raw) and (problem := text_problem(record)):
+            raise _LineError(f"text {problem}")  # no tokenizer can read a lone surrogate
         if isinstance(record, dict) and self.format is not None:
             other = "conversations" if self.format == "messages" else "messages"
             if other in record and self.format not in record:
@@ -446,7 +453,7 @@ def sniff_format(path: Path) -> str | None:
             if raw.strip():
                 try:
                     first = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):
                     return None
                 if isinstance(first, dict):
                     return "messages" if "messages" in first else "conversations"

@@ -101,7 +101,8 @@ def big_api(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
 # Uploads ----------------------------------------------------------------------------------
 
 def test_upload_openai_messages(api: Api, stack: Stack) -> None:
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+    # json.dumps spells the emoji as an escaped surrogate pair: a pair is text.
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi \U0001f600"}]},
                           {"role": "assistant", "content": None,
                            "tool_calls": [{"id": "c1", "type": "function",
                                            "function": {"name": "f", "arguments": "{}"}}]},
@@ -325,10 +326,14 @@ EMPTY_REPLY = {"messages": [USER, {"role": "assistant", "content": "  "}]}
     (jsonl(CONVERSATIONS) + b"\n" + jsonl(MESSAGES), [3], "one format"),
     (jsonl(MESSAGES) + b'{"messages": "\xff\xfe"}\n', [2], "UTF-8"),
     (jsonl(NO_REPLY, MESSAGES, {"x": 1}, MESSAGES) + b"[", [1, 3, 5], "no assistant turn"),
+    (jsonl(MESSAGES) + b'{"messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}\n", [2],
+     "nested too deep"),
+    (jsonl(MESSAGES) + b'{"messages": [{"role": "user", "content": "a\\ud800"}, '
+     b'{"role": "assistant", "content": "\\ud83d\\ude00"}]}\n', [2], "lone surrogate"),
 ], ids=["broken-json", "no-assistant", "empty-assistant", "sharegpt-no-assistant", "wrong-schema",
         "turns-not-a-list", "no-turns", "bad-role", "no-content", "bad-content", "bad-value",
         "bad-from", "both-formats", "not-an-object", "mixed-formats", "mixed-after-blank",
-        "not-utf8", "several-errors"])
+        "not-utf8", "several-errors", "nested-too-deep", "lone-surrogate"])
 def test_bad_dataset_is_rejected_with_line_numbers(api: Api, stack: Stack, content: bytes,
                                                    lines: list[int], fragment: str) -> None:
     rows, files = count_datasets(stack), stored(stack)

@@ -1,14 +1,17 @@
 """Bad input is a client error in the one error shape, never a 500, and writes nothing: bodies
-nested too deep, NUL characters in any text, cursors past what the column holds, and the name
-of an unknown field reported as it was sent. On both backends."""
+nested too deep, NUL characters and lone surrogates in any text, cursors past what the column
+holds, and the name of an unknown field reported as it was sent. On both backends."""
 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+from app.db import get_engine
 from tests.conftest import Api, Stack
 from tests.integration.test_jobs_api import assert_error, count_jobs
 
@@ -40,6 +43,42 @@ def test_nul_in_a_job_body_is_refused(api: Api, job_body, stack: Stack, override
                          param)
     assert "NUL" in error["message"]
     assert count_jobs(stack) == before
+
+
+@pytest.mark.parametrize("path", ["/api/jobs", "/api/jobs/plan"])
+@pytest.mark.parametrize("metadata", [{"\ud800": "\udfff"}, {"k": "a\udc00b"}])
+def test_a_lone_surrogate_is_refused_and_nothing_is_stored(api: Api, job_body, stack: Stack,
+                                                           path: str, metadata: dict) -> None:
+    # A lone surrogate is valid JSON ("\ud800") but not Unicode text: no database column or
+    # response could hold it. json.dumps escapes it, as a hostile client would send it.
+    before = count_jobs(stack)
+    response = api.post(path, headers={"Content-Type": "application/json"},
+                        content=json.dumps(job_body(metadata=metadata)))
+    error = assert_error(response, 422, "invalid_value", "metadata")
+    assert "surrogate" in error["message"]
+    assert count_jobs(stack) == before
+
+
+def test_a_job_whose_stored_metadata_is_not_text_can_be_listed_read_and_cancelled(
+        api: Api, job_body, stack: Stack) -> None:
+    """A row written before the door refused lone surrogates (issue 23: it broke the job list,
+    the job's page and its cancel, so a running trainer could not be stopped)."""
+    job_id = api.post("/api/jobs", json=job_body(metadata={"team": "x"})).json()["id"]
+    spec = stack.scalar("SELECT spec FROM jobs WHERE id = :id", id=job_id)
+    spec = json.loads(spec) if isinstance(spec, str) else spec
+    spec["metadata"] = {"\ud800": "\udfff"}
+    with get_engine().begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET spec = :spec WHERE id = :id"),
+                     {"spec": json.dumps(spec), "id": job_id})
+    listed = api.get("/api/jobs")
+    assert listed.status_code == 200, listed.text
+    assert job_id in [job["id"] for job in listed.json()["data"]]
+    read = api.get(f"/api/jobs/{job_id}")
+    assert read.status_code == 200, read.text
+    assert read.json()["metadata"] == {"\ufffd": "\ufffd"}  # what is not text, marked
+    cancelled = api.post(f"/api/jobs/{job_id}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled"
 
 
 def test_nul_in_an_upload_name_is_refused_and_leaves_no_file(api: Api, stack: Stack,
