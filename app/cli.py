@@ -67,6 +67,10 @@ def cmd_api(args: argparse.Namespace) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
+    # Celery retitles its worker when setproctitle is installed (vLLM brings it): `ps`, process
+    # managers and the tests would no longer see `specdeck worker` in its command line. Read
+    # when celery.platforms is imported, so set before.
+    os.environ.setdefault("NOSETPS", "1")
     from app.celery_app import celery_app
     from app.gpus import detect_gpus
     from app.settings import get_settings

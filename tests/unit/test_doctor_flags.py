@@ -43,6 +43,9 @@ def without(package_sets: dict[str, ArgumentSet], program: str, option: str
 @pytest.mark.parametrize("runtime", ["vllm", "local"])
 def test_every_command_passes_against_the_recorded_versions(runtime: str) -> None:
     commands = specdeck_commands(representative_job(runtime))
+    if runtime == "local":  # its vLLM is the CPU wheel, not the recorded GPU pin: checked live
+        commands = {name: argv for name, argv in commands.items()
+                    if (program_of(argv) or ("",))[0] != VLLM_SERVE}
     rows = check_commands(commands, recorded())
     outside = {name for name, argv in commands.items() if program_of(argv) is not None}
     assert {row.name for row in rows} == outside
@@ -51,13 +54,17 @@ def test_every_command_passes_against_the_recorded_versions(runtime: str) -> Non
     assert any(f"vllm {versions['vllm']}" in row.detail for row in rows) == (runtime == "vllm")
 
 
-def test_the_local_runtime_checks_no_vllm_command() -> None:
-    """The local runtime runs SpecDeck's own server and engine, and speculators: a CPU host
-    needs no vLLM."""
+def test_the_local_runtimes_hidden_states_server_is_checked_as_vllm_serve() -> None:
+    """The local runtime runs vLLM's CPU wheel through its API server module, which takes
+    `vllm serve`'s flags (its CPU connector loaded from a module path, not vLLM's registry);
+    its serving engine is still SpecDeck's own."""
     commands = specdeck_commands(representative_job("local"))
-    programs = {program_of(argv)[0] for argv in commands.values() if program_of(argv)}
-    assert programs == {SPECULATORS_TRAIN, "speculators prepare-data",
-                        "speculators generate-offline-data", "speculators regenerate-responses"}
+    programs = {name: program_of(argv)[0] for name, argv in commands.items() if program_of(argv)}
+    assert set(programs.values()) == {VLLM_SERVE, SPECULATORS_TRAIN, "speculators prepare-data",
+                                      "speculators generate-offline-data",
+                                      "speculators regenerate-responses"}
+    assert [name for name, program in programs.items() if program == VLLM_SERVE] == [
+        "starting_verifier: vLLM server that extracts hidden states (CPU)"]
 
 
 def test_a_flag_the_installed_version_lacks_fails_its_rows() -> None:
@@ -117,16 +124,18 @@ def test_a_missing_speculators_command_is_reported() -> None:
 
 
 def test_live_check_reads_the_installed_parsers() -> None:
-    """The speculators rows pass against the installed speculators' own parsers; where vLLM is
-    not installed (a CPU host) its rows say so and are neither passed nor failed."""
-    rows = {row.name: row for row in flag_checks("vllm")}
-    vllm_rows = {name for name, argv in specdeck_commands(representative_job("vllm")).items()
-                 if program_of(argv) and program_of(argv)[0] == VLLM_SERVE}
-    vllm_ok = None if importlib.util.find_spec("vllm") is None else True
-    assert vllm_rows and all(rows[name].ok is vllm_ok for name in vllm_rows)
-    if vllm_ok is None:
-        assert all(rows[name].detail == "vllm is not installed" for name in vllm_rows)
-    assert all(row.ok is True for name, row in rows.items() if name not in vllm_rows), rows
+    """The speculators rows pass against the installed speculators' own parsers, and the vLLM
+    rows against the installed vLLM's (here the CPU wheel); where vLLM is not installed its
+    rows say so and are neither passed nor failed."""
+    for runtime in ("vllm", "local"):
+        rows = {row.name: row for row in flag_checks(runtime)}
+        vllm_rows = {name for name, argv in specdeck_commands(representative_job(runtime)).items()
+                     if program_of(argv) and program_of(argv)[0] == VLLM_SERVE}
+        vllm_ok = None if importlib.util.find_spec("vllm") is None else True
+        assert vllm_rows and all(rows[name].ok is vllm_ok for name in vllm_rows), rows
+        if vllm_ok is None:
+            assert all(rows[name].detail == "vllm is not installed" for name in vllm_rows)
+        assert all(row.ok is True for name, row in rows.items() if name not in vllm_rows), rows
 
 
 def test_importing_the_check_imports_neither_vllm_nor_speculators() -> None:

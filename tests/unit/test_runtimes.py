@@ -158,12 +158,27 @@ def test_mode_mapping(mode: str, on_missing: str, offline_step: bool) -> None:
     assert flag(plan.stage("training").argv, "--on-missing") == on_missing
 
 
-def test_local_runtime_uses_the_cpu_launcher_and_own_server() -> None:
-    plan = build_plan(spec(runtime="local", resources={"verifier": {"tensor_parallel_size": 1,
-                      "data_parallel_size": 1}, "trainer_gpus": 2}), PATHS, port=7)
-    server = plan.stage("starting_verifier").argv
-    assert server[1:3] == ["-m", "workers.runtimes.local.hidden_states_server"]
-    assert flag(server, "--layer-ids", 4) == ["2", "18", "33", "36"]
+def test_local_runtime_runs_vllms_cpu_wheel_and_the_cpu_trainer() -> None:
+    local = build_plan(spec(runtime="local", resources={"verifier": {"tensor_parallel_size": 1,
+                       "data_parallel_size": 1}, "trainer_gpus": 2}), PATHS, port=7)
+    gpu = build_plan(SPEC, PATHS, port=7).stage("starting_verifier")
+    server = local.stage("starting_verifier")
+    assert server.argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    # The same server as on a GPU host (layers, renderer route), with CPU device flags and the
+    # CPU connector.
+    for name in ("--speculative-config", "--port"):
+        assert flag(server.argv, name) == flag(gpu.argv, name)
+    assert "--enable-scale-out" in server.argv
+    assert {"--enforce-eager", "--no-enable-prefix-caching"} <= set(server.argv)
+    assert flag(server.argv, "--dtype") == "float32"  # what the CPU trainer reads
+    assert "--tensor-parallel-size" not in server.argv and "--gpu-memory-utilization" not in server.argv
+    kv = json.loads(flag(server.argv, "--kv-transfer-config"))
+    assert kv == {"kv_connector": "CPUHiddenStatesConnector",
+                  "kv_connector_module_path": "workers.runtimes.local.hidden_states_connector",
+                  "kv_role": "kv_producer",
+                  "kv_connector_extra_config": {"shared_storage_path": "/w/job/hidden_states"}}
+    assert server.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    plan = local
     trainer = plan.stage("training").argv
     assert "workers.runtimes.local.train" in trainer and "--nproc_per_node=2" in trainer
     assert flag(trainer, "--draft-attn-impl") == "sdpa"

@@ -1,4 +1,4 @@
-"""What the local runtime's two servers (``engine`` and ``hidden_states_server``) share: vLLM's
+"""The local serving engine's (``engine``) server plumbing: vLLM's
 error shape for client errors, their common command-line options, logging and torch set-up, the
 one thread that runs all their torch work, and running the app on uvicorn."""
 

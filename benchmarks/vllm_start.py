@@ -1,0 +1,103 @@
+"""How long the local runtime's vLLM hidden-states server takes to start, side by side: the
+command the worker runs (app.runtimes.vllm.verifier_server_argv with CPU_ENV), and the same
+with vLLM's default CPU executor (VLLM_ENABLE_V1_MULTIPROCESSING=1: the engine core spawns a
+separate worker process). Each start is timed from spawn to /health 200, then one trainer-style
+request (prompt ids, one token) must write its hidden-states file.
+
+    .venv/bin/python benchmarks/vllm_start.py                 # the demo verifier, 3 rounds
+    .venv/bin/python benchmarks/vllm_start.py --model DIR --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.runtimes import JobPaths  # noqa: E402
+from app.runtimes.vllm import CPU_ENV, verifier_server_argv  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from benchmarks._stack import free_port  # noqa: E402
+
+VARIANTS = {"worker's command": {},
+            "vLLM's default executor": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+
+
+def start_once(model: Path, layers: int, extra_env: dict[str, str], work: Path) -> tuple[float, float]:
+    """Seconds to /health 200, and to the first hidden-states file after that."""
+    port = free_port()
+    paths = JobPaths.for_job(Settings(work_root=work, logs_root=work), f"bench-{port}")
+    spec = {"verifier_info": {"reference": str(model), "num_hidden_layers": layers},
+            "speculator": {"target_layer_ids": [2, layers // 2, layers - 3]},
+            "resources": {"verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1}}}
+    argv = verifier_server_argv(spec, paths, port, cpu=True)
+    log = (work / f"server-{port}.log").open("w")
+    began = time.perf_counter()
+    proc = subprocess.Popen(argv, env={**os.environ, **CPU_ENV, **extra_env}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited with {proc.returncode}: see {log.name}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        healthy = time.perf_counter() - began
+        response = httpx.post(f"{base}/v1/completions", timeout=120, json={
+            "model": str(model), "prompt": list(range(1, 17)), "max_tokens": 1})
+        response.raise_for_status()
+        written = Path(response.json()["kv_transfer_params"]["hidden_states_path"])
+        while not written.exists():
+            time.sleep(0.01)
+        return healthy, time.perf_counter() - began - healthy
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        log.close()
+
+
+def demo_model(work: Path) -> Path:
+    from workers.runtimes.local.demo import create_demo_model
+
+    return create_demo_model(work / "demo")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a verifier directory (default: the demo's)")
+    parser.add_argument("--layers", type=int, default=12, help="its number of hidden layers")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="specdeck-vllm-start-") as tmp:
+        work = Path(tmp)
+        model = args.model or demo_model(work)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
+        for _ in range(args.rounds):  # interleaved, so a busy moment hits both alike
+            for name, env in VARIANTS.items():
+                times[name].append(start_once(model, args.layers, env, work))
+        print(f"| variant | healthy after (median of {args.rounds}) | first file after |")
+        print("|---|---|---|")
+        for name, rows in times.items():
+            print(f"| {name} | {statistics.median(r[0] for r in rows):.1f} s "
+                  f"({', '.join(f'{r[0]:.1f}' for r in rows)}) | "
+                  f"{statistics.median(r[1] for r in rows):.2f} s |")
+        ours, default = (statistics.median(r[0] for r in times[n]) for n in VARIANTS)
+        print(f"\nthe worker's command starts in {ours / default:.2f}x the time of vLLM's default")
+
+
+if __name__ == "__main__":
+    main()
