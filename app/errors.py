@@ -29,6 +29,14 @@ _TYPES = {
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
+# The types an OpenAI client knows; an engine's own (vLLM's exception names) are not among them.
+OPENAI_TYPES = frozenset({*_TYPES.values(), "server_error", "api_error"})
+ECHO_MAX = 100  # characters of a client's value quoted back in a message
+
+
+def echo(value: str, limit: int = ECHO_MAX) -> str:
+    """A value the client sent, as a message quotes it: cut to ``limit`` characters."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
 
 
 class ErrorDetail(BaseModel):
@@ -90,7 +98,7 @@ class APIError(Exception):
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> APIError:
-    return APIError(404, f"No {what} with id '{ident}'", code="not_found", param=param)
+    return APIError(404, f"No {what} with id '{echo(ident)}'", code="not_found", param=param)
 
 
 def error_body(status_code: int, message: str, *, code: str | None = None,
@@ -126,10 +134,10 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     kind = first.get("type", "invalid")
     message = first.get("msg", "Invalid request")
     if kind == "extra_forbidden":
-        message = f"Unknown field '{param}'"
+        message = f"Unknown field '{echo(param or '')}'"
         code = "unknown_field"
     elif kind in ("missing",):
-        message = f"Missing required field '{param}'"
+        message = f"Missing required field '{echo(param or '')}'"
         code = "missing_field"
     elif kind == "json_invalid":
         message = "Request body is not valid JSON"

@@ -17,7 +17,7 @@ from starlette.datastructures import UploadFile
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
-from app.errors import APIError, error_responses
+from app.errors import APIError, echo, error_responses
 from app.schemas.common import Page, inline_schema, text_problem
 from app.schemas.datasets import NAME_MAX, DatasetOut, PublicDatasetCreate
 from app.services import datasets as service
@@ -122,7 +122,8 @@ def _upload_fields(items: list[tuple[str, UploadFile | str]]) -> tuple[UploadFil
                 raise APIError(422, "name must not be blank", code="invalid_value", param="name")
             name = value
         else:
-            raise APIError(422, f"Unknown field '{field}'", code="unknown_field", param=field)
+            raise APIError(422, f"Unknown field '{echo(field)}'", code="unknown_field",
+                           param=field)
     if upload is None:
         raise APIError(422, "Missing required field 'file'", code="missing_field", param="file")
     return upload, name

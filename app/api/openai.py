@@ -50,7 +50,15 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import bearer
-from app.errors import APIError, ErrorResponse, error_body, error_response, error_responses
+from app.errors import (
+    OPENAI_TYPES,
+    APIError,
+    ErrorResponse,
+    echo,
+    error_body,
+    error_response,
+    error_responses,
+)
 from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
@@ -118,14 +126,14 @@ async def routes_of(gateway: Gateway, caller: Caller) -> ProjectRoutes:
 async def resolve(gateway: Gateway, caller: Caller, model: str) -> Route:
     route = (await routes_of(gateway, caller)).by_name.get(model)
     if route is None or route.status not in _ROUTABLE:
-        raise APIError(404, f"The model '{model}' does not exist or is not deployed",
+        raise APIError(404, f"The model '{echo(model)}' does not exist or is not deployed",
                        code="model_not_found", param="model")
     if route.status in _NOT_READY:
-        raise APIError(503, f"The model '{model}' is starting; retry shortly",
+        raise APIError(503, f"The model '{echo(model)}' is starting; retry shortly",
                        code="model_not_ready",
                        headers={"Retry-After": gateway.starting_retry_after})
     if route.url is None or route.headers is None:
-        raise APIError(503, f"The model '{model}' is not reachable right now",
+        raise APIError(503, f"The model '{echo(model)}' is not reachable right now",
                        code="upstream_unavailable",
                        headers={"Retry-After": gateway.unavailable_retry_after})
     return route
@@ -187,6 +195,12 @@ def upstream_body(raw: bytes, body: dict[str, Any], stream: bool) -> tuple[bytes
 
 # --- upstream errors ---------------------------------------------------------------------------
 
+# The code of an engine's client error that names none of its own.
+UPSTREAM_CODES = {400: "invalid_request", 404: "not_found", 422: "invalid_value",
+                  429: "rate_limit_exceeded"}
+UPSTREAM_MESSAGE_MAX = 2_000  # an engine's message may quote the request
+
+
 def upstream_error(status: int, content: bytes, retry_after: str | None = None) -> APIError:
     """An upstream's non-200 answer as the gateway's error (never leaking the upstream's key)."""
     if status in (401, 403):
@@ -206,16 +220,21 @@ def upstream_error(status: int, content: bytes, retry_after: str | None = None) 
             error = {"message": error}
         if isinstance(error, dict):
             message = error.get("message") if isinstance(error.get("message"), str) else message
-            type_ = error.get("type") if isinstance(error.get("type"), str) else None
+            # vLLM's type is an exception name ("BadRequestError") and its code the status as a
+            # number: OpenAI clients get OpenAI's type for the status, and a code that says what.
+            type_ = error.get("type") if error.get("type") in OPENAI_TYPES else None
             param = error.get("param") if isinstance(error.get("param"), str) else None
             code = error.get("code") if isinstance(error.get("code"), str) else None
     except ValueError:
         pass
+    if code is None:
+        code = ("context_length_exceeded" if "maximum context length" in message
+                else UPSTREAM_CODES.get(status, "upstream_error"))
     extra = None
     if status == 429:
         extra = {"Retry-After": retry_after or "1"}
-        code = code or "rate_limit_exceeded"
-    return APIError(status, message, code=code, param=param, type=type_, headers=extra)
+    return APIError(status, echo(message, UPSTREAM_MESSAGE_MAX), code=code, param=param,
+                    type=type_, headers=extra)
 
 
 def transport_error(gateway: Gateway, exc: UpstreamError) -> APIError:
@@ -400,7 +419,7 @@ async def retrieve_model(model: str, request: Request) -> Model:
     caller = await authenticate(gateway, request.headers.get("authorization"))
     route = (await routes_of(gateway, caller)).by_name.get(model)
     if route is None or route.status != DeploymentStatus.READY.value:
-        raise APIError(404, f"The model '{model}' does not exist or is not deployed",
+        raise APIError(404, f"The model '{echo(model)}' does not exist or is not deployed",
                        code="model_not_found", param="model")
     return Model(id=route.name, created=route.created, owned_by="specdeck")
 

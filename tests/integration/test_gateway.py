@@ -392,6 +392,9 @@ def test_unknown_model_and_another_projects_model_are_404(gateway: Gateway) -> N
         assert_error(gateway.chat(mine, model=model, stream=True), 404, "model_not_found", "model")
     assert gateway.upstream.requests(label) == []
     assert gateway.chat(theirs, model="private-model").status_code == 200  # the owner's works
+    huge = "m" * 50_000  # quoted back cut, not whole
+    error = assert_error(gateway.chat(mine, model=huge), 404, "model_not_found", "model")
+    assert len(error["message"]) < 300 and "(50000 characters)" in error["message"]
 
 
 def test_deployment_status_decides_503_or_404(gateway: Gateway) -> None:
@@ -511,6 +514,25 @@ def test_upstream_failures(gateway: Gateway) -> None:
     error = assert_error(gateway.chat(key, model="wrong-key"), 502, "upstream_auth_failed")
     assert "not-the-upstream-key" not in json.dumps(error)
     assert gateway.chat(key, model="m", **control(fail=429)).headers["retry-after"] == "2"
+
+
+def test_engine_errors_come_back_in_openais_shape(gateway: Gateway) -> None:
+    key = make_key()
+    deploy(gateway, key, "m")
+    sdk = gateway.sdk(key)
+    # vLLM's own shape (type: an exception name, code: the status as a number) comes back in
+    # OpenAI's: the type for the status, a code that says what, the message cut to a sane size.
+    too_long = "This model's maximum context length is 2048 tokens. " + "x" * 50_000
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(model="m", messages=MESSAGES,
+                                    extra_body=control(fail=400, vllm_error=too_long))
+    relayed = err.value.body
+    assert relayed["type"] == "invalid_request_error" and err.value.code == "context_length_exceeded"
+    assert relayed["message"].startswith("This model's maximum") and len(relayed["message"]) < 2100
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk.chat.completions.create(model="m", messages=MESSAGES,
+                                    extra_body=control(fail=404, vllm_error="no such adapter"))
+    assert err.value.body["type"] == "not_found_error" and err.value.code == "not_found"
 
 
 def test_unreachable_upstream_is_503_with_retry_after(gateway: Gateway) -> None:

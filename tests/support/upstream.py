@@ -27,6 +27,8 @@ unchanged), e.g. ``extra_body={"upstream_control": {"fail": 500}}`` with the ope
 ``delay``       seconds between streamed chunks (default 0, or ``--delay``); not streaming:
                 ``tokens * delay`` before the answer
 ``fail``        answer this HTTP status with an OpenAI-shaped error instead
+``vllm_error``  with ``fail``: the error as vLLM 0.32 shapes it (``type`` an exception name such
+                as ``BadRequestError``, ``code`` the status as a number) with this message
 ``die_after``   streaming: send this many token chunks, then drop the connection mid-body (the
                 chunked encoding is never terminated, as when the server process dies)
 ``acceptance_length``  add vLLM's per-request ``metrics.speculative_decoding`` with this mean
@@ -68,7 +70,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _error(status: int, message: str, type_: str, code: str | None) -> bytes:
+def _error(status: int, message: str, type_: str, code: str | int | None) -> bytes:
     return json.dumps({"error": {"message": message, "type": type_, "param": None,
                                  "code": code}}).encode()
 
@@ -194,6 +196,10 @@ class UpstreamApp:
             status = int(control["fail"])
             kind = "invalid_request_error" if status < 500 else "server_error"
             headers = [(b"retry-after", b"2")] if status == 429 else []
+            if control.get("vllm_error"):  # vllm/entrypoints/serve/exception_handling
+                return await self._json(send, status, _error(
+                    status, control["vllm_error"], "BadRequestError" if status == 400
+                    else "NotFoundError" if status == 404 else "InternalServerError", status))
             return await self._json(send, status, _error(status, f"upstream failure {status}",
                                                          kind, "upstream_test_failure"), headers)
         if not isinstance(body.get("messages"), list) or not body.get("model"):
