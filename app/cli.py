@@ -102,7 +102,7 @@ def cmd_keys_create(args: argparse.Namespace) -> None:
     from app.services.keys import create_key
 
     with session_scope() as session:
-        new = create_key(session, args.project, args.name)
+        new = create_key(session, args.project, args.name, args.role)
         plaintext = new.plaintext
     print(plaintext)
 
@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "print it (shown once): a project's first key")
     create.add_argument("--project", default="default")
     create.add_argument("--name", default="")
+    create.add_argument("--role", choices=("admin", "member", "inference"), default="admin",
+                        help="what the key may do (default admin: a project's first key "
+                        "manages the others)")
     create.set_defaults(func=cmd_keys_create)
 
     secrets = admin_sub.add_parser("secrets", help="project secrets")

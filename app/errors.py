@@ -56,6 +56,8 @@ class ErrorResponse(BaseModel):
 _MEANINGS = {
     400: "The body could not be parsed",
     401: "Missing or invalid API key",
+    403: ("The key's role does not allow this: an inference key on /api, a member key on "
+          "keys, secrets or webhooks"),
     404: "No such resource in the caller's project",
     409: "The resource's current state does not allow this",
     413: "The request body is over the size limit",

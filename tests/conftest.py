@@ -287,6 +287,9 @@ class Api:
     def post(self, path: str, **kw: Any) -> Any:
         return self.client.post(path, headers=self.headers(kw.pop("headers", None)), **kw)
 
+    def put(self, path: str, **kw: Any) -> Any:
+        return self.client.put(path, headers=self.headers(kw.pop("headers", None)), **kw)
+
     def delete(self, path: str, **kw: Any) -> Any:
         return self.client.delete(path, headers=self.headers(kw.pop("headers", None)), **kw)
 

@@ -10,7 +10,7 @@ from app.schemas.jobs import CheckpointOut, PublishRequest
 from app.services import checkpoints as service
 
 router = APIRouter(prefix="/api/checkpoints", tags=["checkpoints"],
-                   responses=error_responses(401, 422, 503))
+                   responses=error_responses(401, 403, 422, 503))
 
 
 @router.get("/{checkpoint_id}", response_model=CheckpointOut, responses=error_responses(404))

@@ -23,7 +23,7 @@ from app.schemas.datasets import NAME_MAX, DatasetOut, PublicDatasetCreate
 from app.services import datasets as service
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"],
-                   responses=error_responses(401, 422, 503))
+                   responses=error_responses(401, 403, 422, 503))
 
 DATASET_ID = service.DATASET_ID.pattern
 Limit = Annotated[int, Query(ge=1, le=100)]

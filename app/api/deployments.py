@@ -28,7 +28,7 @@ from app.services import live_metrics as live
 from app.services.hub import fetch_configs
 
 router = APIRouter(prefix="/api/deployments", tags=["deployments"],
-                   responses=error_responses(401, 422, 503))
+                   responses=error_responses(401, 403, 422, 503))
 
 
 @router.post("", status_code=201, response_model=DeploymentOut,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.db import session_scope
 from app.db.models import ApiKey
 from app.errors import APIError
-from app.services.keys import authenticate
+from app.services.keys import authenticate, has_role
 from app.settings import Settings, get_settings
 
 
@@ -51,4 +51,21 @@ def current_key(request: Request, session: SessionDep, _: BearerScheme) -> ApiKe
     return key
 
 
-CurrentKey = Annotated[ApiKey, Depends(current_key)]
+def member_key(key: Annotated[ApiKey, Depends(current_key)]) -> ApiKey:
+    """Every /api route takes a member key at least: an inference key is for /v1 alone."""
+    if not has_role(key, "member"):
+        raise APIError(403, "This key is inference-only: it works on the OpenAI-compatible /v1, "
+                       "not on /api", code="key_role")
+    return key
+
+
+def admin_key(key: Annotated[ApiKey, Depends(member_key)]) -> ApiKey:
+    """API keys, secrets and webhooks take an admin key."""
+    if not has_role(key, "admin"):
+        raise APIError(403, f"This key's role is '{key.role}': API keys, secrets and webhooks "
+                       "need an admin key", code="key_role")
+    return key
+
+
+CurrentKey = Annotated[ApiKey, Depends(member_key)]
+AdminKey = Annotated[ApiKey, Depends(admin_key)]

@@ -20,7 +20,7 @@ from app.services import jobs as service
 from app.services.hub import fetch_configs
 from app.services.state import TERMINAL, JobStatus
 
-router = APIRouter(prefix="/api/jobs", tags=["jobs"], responses=error_responses(401, 422, 503))
+router = APIRouter(prefix="/api/jobs", tags=["jobs"], responses=error_responses(401, 403, 422, 503))
 
 JOB_ID = r"^job_[0-9a-f]{24}$"
 Limit = Annotated[int, Query(ge=1, le=100)]

@@ -9,7 +9,7 @@ from app.errors import error_responses
 from app.schemas.identity import IdentityOut, ProjectRef
 from app.services import keys as service
 
-router = APIRouter(prefix="/api/me", tags=["keys"], responses=error_responses(401, 503))
+router = APIRouter(prefix="/api/me", tags=["keys"], responses=error_responses(401, 403, 503))
 
 
 @router.get("", response_model=IdentityOut)

@@ -12,7 +12,7 @@ from app.services import verifier as service
 from app.services.hub import fetch_configs
 
 router = APIRouter(prefix="/api/verifiers", tags=["verifiers"],
-                   responses=error_responses(401, 422, 503))
+                   responses=error_responses(401, 403, 422, 503))
 
 
 @router.post("/inspect", response_model=VerifierOut, responses=error_responses(400, 413))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.deps import AdminKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.errors import error_responses
 from app.schemas.common import Page
@@ -15,7 +15,7 @@ from app.schemas.webhooks import WebhookCreate, WebhookCreated, WebhookDeliveryO
 from app.services import webhooks as service
 
 router = APIRouter(prefix="/api/webhooks", tags=["webhooks"],
-                   responses=error_responses(401, 422, 503))
+                   responses=error_responses(401, 403, 422, 503))
 
 WEBHOOK_ID = r"^wh_[0-9a-f]{24}$"
 DELIVERY_ID = r"^msg_[0-9a-f]{24}$"
@@ -29,7 +29,7 @@ _LINKS = links("webhook_id", ("get", "/api/webhooks/{webhook_id}"),
 
 @router.post("", status_code=201, response_model=WebhookCreated, responses={
     201: _LINKS, **error_responses(400, 413, 429)})
-def create_webhook(body: WebhookCreate, key: CurrentKey, session: SessionDep,
+def create_webhook(body: WebhookCreate, key: AdminKey, session: SessionDep,
                    settings: SettingsDep, response: Response) -> WebhookCreated:
     """A new endpoint for the caller's project. Its URL must resolve to public addresses only
     (checked now, and again before every delivery). Its signing ``secret`` is in this answer
@@ -40,7 +40,7 @@ def create_webhook(body: WebhookCreate, key: CurrentKey, session: SessionDep,
 
 
 @router.get("", response_model=Page[WebhookOut])
-def list_webhooks(key: CurrentKey, session: SessionDep, limit: Limit = 20,
+def list_webhooks(key: AdminKey, session: SessionDep, limit: Limit = 20,
                   after: Annotated[str | None, Query(pattern=WEBHOOK_ID)] = None
                   ) -> Page[WebhookOut]:
     """The project's webhooks, newest first; pass ``last_id`` back as ``after``."""
@@ -50,13 +50,13 @@ def list_webhooks(key: CurrentKey, session: SessionDep, limit: Limit = 20,
 
 
 @router.get("/{webhook_id}", response_model=WebhookOut, responses=error_responses(404))
-def get_webhook(webhook_id: WebhookId, key: CurrentKey, session: SessionDep) -> WebhookOut:
+def get_webhook(webhook_id: WebhookId, key: AdminKey, session: SessionDep) -> WebhookOut:
     return service.webhook_out(service.get_webhook(session, key.project_id, webhook_id))
 
 
 @router.delete("/{webhook_id}", status_code=204, response_class=Response,
                responses=error_responses(404))
-def delete_webhook(webhook_id: WebhookId, key: CurrentKey, session: SessionDep) -> Response:
+def delete_webhook(webhook_id: WebhookId, key: AdminKey, session: SessionDep) -> Response:
     """Delete the endpoint and its deliveries: those still pending are never sent."""
     service.delete_webhook(session, key.project_id, webhook_id)
     return Response(status_code=204)
@@ -64,7 +64,7 @@ def delete_webhook(webhook_id: WebhookId, key: CurrentKey, session: SessionDep) 
 
 @router.get("/{webhook_id}/deliveries", response_model=Page[WebhookDeliveryOut],
             responses=error_responses(404))
-def list_deliveries(webhook_id: WebhookId, key: CurrentKey, session: SessionDep,
+def list_deliveries(webhook_id: WebhookId, key: AdminKey, session: SessionDep,
                     limit: Limit = 20,
                     after: Annotated[str | None, Query(pattern=DELIVERY_ID)] = None
                     ) -> Page[WebhookDeliveryOut]:
@@ -78,7 +78,7 @@ def list_deliveries(webhook_id: WebhookId, key: CurrentKey, session: SessionDep,
 
 @router.post("/{webhook_id}/test", status_code=202, response_model=WebhookDeliveryOut,
              responses=error_responses(404))
-def send_test(webhook_id: WebhookId, key: CurrentKey, session: SessionDep) -> WebhookDeliveryOut:
+def send_test(webhook_id: WebhookId, key: AdminKey, session: SessionDep) -> WebhookDeliveryOut:
     """Send a ``webhook.test`` event to the endpoint, through the same outbox as the others:
     it is delivered (and retried) by the workers; follow it in the deliveries log."""
     delivery = service.send_test(session, key.project_id, webhook_id)

@@ -10,7 +10,8 @@ from app.schemas.common import Page
 from app.schemas.workers import WorkerOut
 from app.services import workers as service
 
-router = APIRouter(prefix="/api/workers", tags=["workers"], responses=error_responses(401, 503))
+router = APIRouter(prefix="/api/workers", tags=["workers"],
+                   responses=error_responses(401, 403, 503))
 
 
 @router.get("", response_model=Page[WorkerOut])

@@ -73,6 +73,8 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(100), default="")
     prefix: Mapped[str] = mapped_column(String(16))
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # What the key may do (app/services/keys.py ROLES): admin, member or inference.
+    role: Mapped[str] = mapped_column(String(16), default="admin", server_default="admin")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -11,14 +11,22 @@ from pydantic import BaseModel, Field
 from app.schemas.common import Strict
 
 
+Role = Literal["admin", "member", "inference"]
+ROLE_HELP = ("What the key may do: admin (everything), member (train, deploy and chat; not API "
+             "keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone)")
+
+
 class KeyCreate(Strict):
     name: str = Field("", max_length=100, description="A label, to tell keys apart")
+    role: Role | None = Field(None, description=ROLE_HELP + ". Default: the role of the key "
+                              "that creates it, and never more than that")
 
 
 class KeyOut(BaseModel):
     object: Literal["specdeck.api_key"] = "specdeck.api_key"
     id: str
     name: str
+    role: Role = Field(description=ROLE_HELP)
     prefix: str = Field(description="The key's first characters, to recognise it by; too few "
                         "to use it")
     created_at: datetime

@@ -16,6 +16,9 @@ from app.schemas.keys import KeyOut
 from app.services import quotas
 from app.settings import Settings
 
+# Key roles, least to most: what each may do is checked by app/api/deps.py (/api) and not at all
+# by the gateway (/v1 takes every role).
+ROLES = ("inference", "member", "admin")
 KEY_PREFIX = "sdk-"
 VISIBLE_CHARS = 12
 # How stale a key's last_used_at may get before a request through /api writes it again: one
@@ -51,23 +54,36 @@ def get_project(session: Session, project_id: str) -> Project:
     return project
 
 
-def create_key(session: Session, project_name: str, name: str = "") -> NewKey:
+def create_key(session: Session, project_name: str, name: str = "",
+               role: str = "admin") -> NewKey:
     """A key for the project of that name (created if need be): ``specdeck admin keys create``."""
-    return add_key(session, get_or_create_project(session, project_name).id, name)
+    return add_key(session, get_or_create_project(session, project_name).id, name, role)
 
 
-def add_key(session: Session, project_id: str, name: str = "") -> NewKey:
+def has_role(key: ApiKey, role: str) -> bool:
+    """Whether ``key`` may do what ``role`` may."""
+    return ROLES.index(key.role) >= ROLES.index(role)
+
+
+def add_key(session: Session, project_id: str, name: str = "", role: str = "admin") -> NewKey:
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(project_id=project_id, name=name, prefix=plaintext[:VISIBLE_CHARS],
+    key = ApiKey(project_id=project_id, name=name, role=role, prefix=plaintext[:VISIBLE_CHARS],
                  key_hash=hash_key(plaintext))
     session.add(key)
     session.flush()
     return NewKey(key=key, plaintext=plaintext)
 
 
-def mint_key(session: Session, project_id: str, name: str, settings: Settings) -> NewKey:
-    """A key made through the API (POST /api/keys), within the project's quota of keys."""
-    new = add_key(session, project_id, name)
+def mint_key(session: Session, creator: ApiKey, name: str, role: str | None,
+             settings: Settings) -> NewKey:
+    """A key made through the API (POST /api/keys), within the project's quota of keys, with
+    at most the role of the key that makes it (403 ``role_too_high``)."""
+    role = role or creator.role
+    if not has_role(creator, role):
+        raise APIError(403, f"A key can't grant more than it has: this key is '{creator.role}', "
+                       f"so it can't make an '{role}' key", code="role_too_high", param="role")
+    project_id = creator.project_id
+    new = add_key(session, project_id, name, role)
     quotas.check_api_keys(session, project_id, settings)
     return new
 
@@ -99,7 +115,7 @@ def list_keys(session: Session, project_id: str, *, limit: int,
 
 def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
     """Revoked at once for /api; idempotent (a revoked key keeps its first revoked_at). A
-    project keeps at least one key: its last active one is refused (409 ``last_key``). The
+    project keeps at least one admin key: its last active one is refused (409 ``last_key``). The
     project's row is locked first, so two requests cannot revoke its last two keys together."""
     quotas.lock_project(session, project_id)
     key = session.scalars(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == project_id)
@@ -107,12 +123,15 @@ def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
     if key is None:
         raise not_found("API key", key_id, param="key_id")
     if key.revoked_at is None:
-        others = session.scalar(select(func.count()).select_from(ApiKey).where(
-            ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None), ApiKey.id != key.id))
+        others = key.role != "admin" or session.scalar(select(func.count()).select_from(ApiKey)
+                                                       .where(ApiKey.project_id == project_id,
+                                                              ApiKey.role == "admin",
+                                                              ApiKey.revoked_at.is_(None),
+                                                              ApiKey.id != key.id))
         if not others:
-            raise APIError(409, "This is the project's last active API key, and a project keeps "
-                           "at least one: create another key (POST /api/keys), then revoke this "
-                           "one", code="last_key", param="key_id")
+            raise APIError(409, "This is the project's last active admin key, and a project "
+                           "keeps at least one: create another admin key (POST /api/keys), then "
+                           "revoke this one", code="last_key", param="key_id")
         key.revoked_at = utcnow()
         session.flush()
     return key

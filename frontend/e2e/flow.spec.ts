@@ -403,6 +403,9 @@ test.describe.serial("settings", () => {
       await page.goto("/settings");
       const keys = page.getByRole("region", { name: "API keys" });
       await keys.getByLabel("Key name", { exact: true }).fill(`e2e-${run}`);
+      // The project's next admin key: a project keeps at least one (a member key can't manage it).
+      await expect(keys.getByLabel("Role", { exact: true })).toHaveValue("member");
+      await keys.getByLabel("Role", { exact: true }).selectOption("admin");
       await keys.getByRole("button", { name: "Create key" }).click();
       const shown = page.locator('[aria-label="New API key"]');
       await expect(shown.locator("pre code")).toHaveText(/^sdk-\S+$/);
@@ -410,6 +413,7 @@ test.describe.serial("settings", () => {
       expect(created, "the new key's plaintext is shown once").toBeTruthy();
       saveState({ key: created }); // the project keeps a key; pages.spec.ts signs in with it
 
+      await expect(keys.getByRole("row").filter({ hasText: `e2e-${run}` })).toContainText("admin");
       const mine = keys.getByRole("row").filter({ hasText: "this browser" });
       await expect(mine).toHaveCount(1);
       acceptNextDialog(page);

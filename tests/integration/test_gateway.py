@@ -138,12 +138,12 @@ def gateway(request: pytest.FixtureRequest, upstream: Upstream, roots: dict[str,
             admin.dispose()
 
 
-def make_key(project: str | None = None) -> Key:
+def make_key(project: str | None = None, role: str = "admin") -> Key:
     from app.db import session_scope
     from app.services.keys import create_key
 
     with session_scope() as session:
-        new = create_key(session, project or f"gw-{uuid.uuid4().hex[:8]}")
+        new = create_key(session, project or f"gw-{uuid.uuid4().hex[:8]}", role=role)
         return Key(new.plaintext, new.key.id, new.key.project_id)
 
 
@@ -356,6 +356,23 @@ def test_usage_is_recorded_per_key(gateway: Gateway) -> None:
 
 
 # --- every error class -------------------------------------------------------------------------
+
+def test_every_role_chats_an_inference_key_only_chats(gateway: Gateway) -> None:
+    admin = make_key()
+    deploy(gateway, admin, "m")
+    project = admin.project_id
+    from app.db import session_scope
+    from app.db.models import Project
+
+    with session_scope() as session:
+        name = session.get(Project, project).name
+    for role in ("inference", "member"):
+        key = make_key(name, role)
+        assert gateway.sdk(key).chat.completions.create(model="m", messages=MESSAGES).choices
+        assert [m.id for m in gateway.sdk(key).models.list()] == ["m"]
+    inference = make_key(name, "inference")
+    assert_error(gateway.http(inference, "GET", "/api/deployments"), 403, "key_role")
+
 
 def test_missing_invalid_and_revoked_keys_are_401(gateway: Gateway) -> None:
     assert_error(gateway.http(None, "GET", "/v1/models"), 401, "missing_api_key")

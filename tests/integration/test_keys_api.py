@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import Api, Stack, configure, new_key
 from tests.integration.test_jobs_api import assert_error
 
-KEY_FIELDS = {"object", "id", "name", "prefix", "created_at", "last_used_at", "revoked_at"}
+KEY_FIELDS = {"object", "id", "name", "role", "prefix", "created_at", "last_used_at",
+              "revoked_at"}
 
 
 def count_keys(stack: Stack) -> int:
@@ -81,7 +82,7 @@ def test_a_project_keeps_its_last_key(api: Api, stack: Stack) -> None:
     own = id_of(api)
     refused = api.delete(f"/api/keys/{own}")
     error = assert_error(refused, 409, "last_key", "key_id")
-    assert "create another key" in error["message"]
+    assert "create another admin key" in error["message"]
     assert stack.scalar("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL") == 0
     assert api.get("/api/keys").status_code == 200  # still signed in
     # A revoked key does not count: with one other key revoked, the last one is still refused.
@@ -205,3 +206,59 @@ def test_the_gateway_refuses_a_revoked_key_once_its_cache_expires(short_auth_cac
         assert time.monotonic() < deadline, "the gateway still serves a revoked key"
         time.sleep(0.1)
     assert key.get("/v1/models").json()["error"]["code"] == "invalid_api_key"
+
+
+# Roles: admin (everything), member (train, deploy, chat), inference (/v1 alone) -------------
+
+def make_role_key(api: Api, role: str) -> Api:
+    response = api.post("/api/keys", json={"name": role, "role": role})
+    assert response.status_code == 201, response.text
+    assert response.json()["role"] == role
+    return as_key(api, response.json()["key"])
+
+
+def test_an_inference_key_is_refused_on_api_and_a_member_on_keys_secrets_and_webhooks(
+        api: Api, job_body, stack: Stack) -> None:
+    inference, member = make_role_key(api, "inference"), make_role_key(api, "member")
+    keys_before = count_keys(stack)
+    for path, body in (("/api/keys", {"name": "x"}), ("/api/deployments", {"name": "d"}),
+                       ("/api/jobs", job_body()), ("/api/webhooks", {"url": "https://e.x/h"})):
+        error = assert_error(inference.post(path, json=body), 403, "key_role")
+        assert "inference-only" in error["message"] and "/v1" in error["message"]
+    for path in ("/api/me", "/api/jobs", "/api/keys", "/api/deployments", "/api/secrets"):
+        assert_error(inference.get(path), 403, "key_role")
+    # A member trains and deploys (its requests get past the role check; a bad body is a 422,
+    # not a 403), and reads the project; keys, secrets and webhooks are an admin's.
+    assert member.post("/api/jobs", json=job_body()).status_code == 201
+    assert member.post("/api/deployments", json={}).status_code == 422
+    assert member.get("/api/me").json()["key"]["role"] == "member"
+    for response in (member.get("/api/keys"), member.post("/api/keys", json={}),
+                     member.get("/api/secrets"), member.put("/api/secrets/HF_TOKEN",
+                                                            json={"value": "hf_x"}),
+                     member.get("/api/webhooks"), member.delete(f"/api/keys/{id_of(api)}")):
+        error = assert_error(response, 403, "key_role")
+        assert "'member'" in error["message"] and "admin" in error["message"]
+    assert count_keys(stack) == keys_before
+    assert stack.scalar("SELECT count(*) FROM secrets") == 0
+
+
+def test_a_new_key_has_the_role_it_is_given_and_at_most_its_makers(api: Api) -> None:
+    assert api.get("/api/me").json()["key"]["role"] == "admin"  # specdeck admin keys create
+    default = api.post("/api/keys", json={"name": "d"}).json()
+    assert default["role"] == "admin"  # the maker's own
+    for role in ("admin", "member", "inference"):
+        assert make_role_key(api, role).get("/api/me").status_code == (
+            403 if role == "inference" else 200)
+    assert_error(api.post("/api/keys", json={"role": "owner"}), 422, "invalid_value", "role")
+    listed = {k["name"]: k["role"] for k in api.get("/api/keys").json()["data"]}
+    assert listed["member"] == "member" and listed["inference"] == "inference"
+
+
+def test_the_last_admin_key_cannot_be_revoked_but_other_roles_can(api: Api) -> None:
+    member = make_role_key(api, "member")
+    admin_id = id_of(api)
+    member_id = next(k["id"] for k in api.get("/api/keys").json()["data"]
+                     if member.key.startswith(k["prefix"]))
+    # The member is active, but it can't manage the project: the admin is still its last.
+    assert_error(api.delete(f"/api/keys/{admin_id}"), 409, "last_key", "key_id")
+    assert api.delete(f"/api/keys/{member_id}").json()["revoked_at"]

@@ -10,9 +10,12 @@ from app.client.commands import command, list_command
 from app.client.http import Api
 from app.client.output import note, show
 
+ROLES = ("admin", "member", "inference")
+
 
 def create(args: argparse.Namespace, api: Api) -> int:
-    created = api.json("POST", "/api/keys", json={"name": args.name})
+    body = {"name": args.name, **({"role": args.role} if args.role else {})}
+    created = api.json("POST", "/api/keys", json=body)
     note(f"created {created['id']}; the key is shown once, store it now")
     show(created, args.json, created["key"])
     return exits.SUCCEEDED
@@ -31,11 +34,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = keys_sub.add_parser("create", parents=[common], help="create a key in the caller's "
                             "project and print it (shown once)")
     p.add_argument("--name", default="", help="a label, to tell keys apart")
+    p.add_argument("--role", choices=ROLES, help="admin (everything), member (train, deploy, "
+                   "chat; not keys, secrets or webhooks) or inference (/v1 alone); default: the "
+                   "role of the key you use, and never more")
     command(p, create)
 
     list_command(keys_sub.add_parser("list", parents=[common], help="the project's keys "
                                      "(prefixes only)"),
-                 "/api/keys", ("id", "name", "prefix", "created_at", "last_used_at",
+                 "/api/keys", ("id", "name", "role", "prefix", "created_at", "last_used_at",
                                "revoked_at"), after="KEY_ID")
 
     p = keys_sub.add_parser("revoke", parents=[common], help="revoke a key: /api refuses it "

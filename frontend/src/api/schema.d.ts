@@ -586,7 +586,8 @@ export interface paths {
          * Create Key
          * @description A new key in the caller's project. Its plaintext (``key``) is in this answer only:
          *     store it now, it cannot be shown again. A project holds at most
-         *     ``SPECDECK_QUOTA_API_KEYS`` keys not revoked (429 ``quota_exceeded``).
+         *     ``SPECDECK_QUOTA_API_KEYS`` keys not revoked (429 ``quota_exceeded``). Its ``role`` is at
+         *     most the caller's (admin keys manage keys).
          */
         post: operations["create_key_api_keys_post"];
         delete?: never;
@@ -611,7 +612,7 @@ export interface paths {
          *     moment this answers, /api refuses it with 401. The gateway (/v1) caches what a key is for
          *     ``SPECDECK_GATEWAY_AUTH_CACHE_SECONDS`` (default 5) in each API process, so it may still
          *     serve a revoked key for up to that long. Revoking a revoked key changes nothing. A project
-         *     keeps at least one key: revoking its last active one answers 409 ``last_key``.
+         *     keeps at least one admin key: revoking its last active one answers 409 ``last_key``.
          */
         delete: operations["revoke_key_api_keys__key_id__delete"];
         options?: never;
@@ -1357,6 +1358,11 @@ export interface components {
              * @default
              */
             name: string;
+            /**
+             * Role
+             * @description What the key may do: admin (everything), member (train, deploy and chat; not API keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone). Default: the role of the key that creates it, and never more than that
+             */
+            role?: ("admin" | "member" | "inference") | null;
         };
         /** KeyCreated */
         KeyCreated: {
@@ -1370,6 +1376,12 @@ export interface components {
             id: string;
             /** Name */
             name: string;
+            /**
+             * Role
+             * @description What the key may do: admin (everything), member (train, deploy and chat; not API keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone)
+             * @enum {string}
+             */
+            role: "admin" | "member" | "inference";
             /**
              * Prefix
              * @description The key's first characters, to recognise it by; too few to use it
@@ -1405,6 +1417,12 @@ export interface components {
             id: string;
             /** Name */
             name: string;
+            /**
+             * Role
+             * @description What the key may do: admin (everything), member (train, deploy and chat; not API keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone)
+             * @enum {string}
+             */
+            role: "admin" | "member" | "inference";
             /**
              * Prefix
              * @description The key's first characters, to recognise it by; too few to use it
@@ -2394,6 +2412,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Invalid request: the field is named in error.param */
             422: {
                 headers: {
@@ -2462,6 +2489,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2551,6 +2587,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description The request body is over the size limit */
             413: {
                 headers: {
@@ -2611,6 +2656,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -2664,6 +2718,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2743,6 +2806,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -2798,6 +2870,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2867,6 +2948,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -2920,6 +3010,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2989,6 +3088,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -3042,6 +3150,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3107,6 +3224,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description A dependency is unreachable; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3143,6 +3269,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3237,6 +3372,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description The request body is over the size limit */
             413: {
                 headers: {
@@ -3317,6 +3461,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -3368,6 +3521,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3457,6 +3619,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description The request body is over the size limit */
             413: {
                 headers: {
@@ -3508,6 +3679,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3573,6 +3753,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description A dependency is unreachable; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3609,6 +3798,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3671,6 +3869,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3758,6 +3965,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -3811,6 +4027,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3874,6 +4099,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3947,6 +4181,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4032,6 +4275,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -4097,6 +4349,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4170,6 +4431,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4266,6 +4536,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4603,6 +4882,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -4669,6 +4957,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4755,6 +5052,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Invalid request: the field is named in error.param */
             422: {
                 headers: {
@@ -4810,6 +5116,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4888,6 +5203,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -4955,6 +5279,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description A dependency is unreachable; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -5001,6 +5334,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5069,6 +5411,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Invalid request: the field is named in error.param */
             422: {
                 headers: {
@@ -5124,6 +5475,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5202,6 +5562,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -5253,6 +5622,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5323,6 +5701,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description No such resource in the caller's project */
             404: {
                 headers: {
@@ -5376,6 +5763,15 @@ export interface operations {
             };
             /** @description Missing or invalid API key */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

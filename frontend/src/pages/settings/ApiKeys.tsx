@@ -14,6 +14,13 @@ import { QueryState } from "../../components/states";
 import { RelTime } from "../../components/time";
 
 const NAME_MAX = 100; // app/schemas/keys.py KeyCreate.name
+type Role = ApiKey["role"];
+// What each role may do (app/api/deps.py): shown beside the choice and in the table.
+const ROLES: { role: Role; what: string }[] = [
+  { role: "admin", what: "everything, keys, secrets and webhooks included" },
+  { role: "member", what: "train, deploy and chat; not keys, secrets or webhooks" },
+  { role: "inference", what: "the OpenAI-compatible /v1 alone: for an application that chats" },
+];
 
 /** Whether this browser signs in with `key`: by the identity /api/me gives, else by prefix. */
 function useIsCurrent(): (key: ApiKey) => boolean {
@@ -39,6 +46,11 @@ function KeyRow({ apiKey, current }: { apiKey: ApiKey; current: boolean }) {
         <strong>{label}</strong>
         {current && <span className="badge busy this-browser">this browser</span>}
         <div className="mono dim">{apiKey.prefix}…</div>
+      </td>
+      <td>
+        <span className="badge muted" title={ROLES.find((r) => r.role === apiKey.role)?.what}>
+          {apiKey.role}
+        </span>
       </td>
       <td className="hide-narrow">
         <RelTime at={apiKey.created_at} />
@@ -73,11 +85,12 @@ function KeyRow({ apiKey, current }: { apiKey: ApiKey; current: boolean }) {
 
 function CreateKey() {
   const [name, setName] = useState("");
+  const [role, setRole] = useState<Role>("member");
   const [plaintext, setPlaintext] = useState<string | null>(null);
-  const { errors, setErrors, formError, fromError, clear } = useFieldErrors(["name"]);
+  const { errors, setErrors, formError, fromError, clear } = useFieldErrors(["name", "role"]);
   const queryClient = useQueryClient();
   const create = useMutation({
-    mutationFn: (keyName: string) => must(api.POST("/api/keys", { body: { name: keyName } })),
+    mutationFn: (body: { name: string; role: Role }) => must(api.POST("/api/keys", { body })),
     gcTime: 0, // with reset() below, the answer (the plaintext) leaves TanStack's cache at once
     onSuccess: (created) => {
       setPlaintext(created.key);
@@ -94,7 +107,7 @@ function CreateKey() {
     setPlaintext(null);
     const trimmed = name.trim();
     if (trimmed.length > NAME_MAX) return setErrors({ name: `A key name has at most ${NAME_MAX} characters` });
-    create.mutate(trimmed);
+    create.mutate({ name: trimmed, role });
   }
 
   return (
@@ -108,6 +121,20 @@ function CreateKey() {
           autoComplete="off"
           onChange={(e) => setName(e.target.value)}
         />
+      </Field>
+      <Field
+        id="key-role"
+        label="Role"
+        error={errors.role}
+        hint={ROLES.find((r) => r.role === role)?.what}
+      >
+        <select {...described("key-role", errors.role, true)} value={role} onChange={(e) => setRole(e.target.value as Role)}>
+          {ROLES.map((r) => (
+            <option key={r.role} value={r.role}>
+              {r.role}
+            </option>
+          ))}
+        </select>
       </Field>
       <FormError message={formError} />
       <button type="submit" className="primary" disabled={create.isPending}>
@@ -150,6 +177,7 @@ export default function ApiKeys() {
                   <thead>
                     <tr>
                       <th>Key</th>
+                      <th>Role</th>
                       <th className="hide-narrow">Created</th>
                       <th className="hide-narrow">Last used</th>
                       <th>State</th>
