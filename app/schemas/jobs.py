@@ -138,7 +138,11 @@ def _model_or(*others: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
 
 class JobCreate(Strict):
     verifier: VerifierRef
-    dataset: str = Field(min_length=1, max_length=512)
+    dataset: str = Field(min_length=1, max_length=512, description=(
+        "An uploaded dataset's id (ds_...; this project's own), or the path of a JSONL file "
+        "under the data root (SPECDECK_DATA_ROOT). The data root is the install's, shared by "
+        "every project: any project may name a file placed there (and so learn whether a name "
+        "exists); uploads are kept apart, by id and per project, and not reachable by path."))
     speculator: SpeculatorSpec = Field(default_factory=SpeculatorSpec)
     mode: Literal["online", "offline", "hybrid"] = "online"
     resources: Resources = Field(default_factory=Resources)

@@ -83,3 +83,17 @@ def test_another_projects_upload_cannot_be_named_by_its_file(api: Api, make_api,
     # By its id, it is the other project's: not found.
     assert_error(api.post("/api/jobs", json=job_body(dataset=theirs.json()["id"])), 422,
                  "dataset_not_found", "dataset")
+
+
+def test_a_file_placed_under_the_data_root_is_the_installs_every_project_can_name(
+        api: Api, make_api, job_body, stack: Stack) -> None:
+    """What README.md and JobCreate.dataset say: the data root is shared by every project
+    (uploads, above, are not)."""
+    name = f"placed-{uuid.uuid4().hex[:8]}.jsonl"
+    (stack.data_root / name).write_bytes(CHAT)
+    for client in (api, make_api(api)):
+        plan = client.post("/api/jobs/plan", json=job_body(dataset=name))
+        assert plan.status_code == 200, plan.text
+    # and whether a name exists is an answer any project gets
+    assert_error(make_api(api).post("/api/jobs/plan", json=job_body(dataset="nope.jsonl")), 422,
+                 "dataset_not_found", "dataset")

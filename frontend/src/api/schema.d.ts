@@ -1198,7 +1198,10 @@ export interface components {
         JobCreate: {
             /** Verifier */
             verifier: string;
-            /** Dataset */
+            /**
+             * Dataset
+             * @description An uploaded dataset's id (ds_...; this project's own), or the path of a JSONL file under the data root (SPECDECK_DATA_ROOT). The data root is the install's, shared by every project: any project may name a file placed there (and so learn whether a name exists); uploads are kept apart, by id and per project, and not reachable by path.
+             */
             dataset: string;
             speculator?: components["schemas"]["SpeculatorSpec"];
             /**
