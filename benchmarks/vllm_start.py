@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.runtimes import JobPaths  # noqa: E402
 from app.runtimes.vllm import CPU_ENV, verifier_server_argv  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from benchmarks._stack import free_port  # noqa: E402
+from benchmarks._stack import free_port, load, machine, ratio, table  # noqa: E402
 
 VARIANTS = {"worker's command": {},
             "vLLM's default executor": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
@@ -89,15 +89,16 @@ def main() -> None:
         for _ in range(args.rounds):  # interleaved, so a busy moment hits both alike
             for name, env in VARIANTS.items():
                 times[name].append(start_once(model, args.layers, env, work))
-        print(f"| variant | healthy after (median of {args.rounds}) | first file after |")
-        print("|---|---|---|")
-        for name, rows in times.items():
-            print(f"| {name} | {statistics.median(r[0] for r in rows):.1f} s "
-                  f"({', '.join(f'{r[0]:.1f}' for r in rows)}) | "
-                  f"{statistics.median(r[1] for r in rows):.2f} s |")
-        ours, default = (statistics.median(r[0] for r in times[n]) for n in VARIANTS)
-        print(f"\nthe worker's command starts in {ours / default:.2f}x the time of vLLM's default")
-
+        medians = {name: statistics.median(r[0] for r in rows) for name, rows in times.items()}
+        print(f"{machine()}, load {load():.2f}\n")
+        print(table(["variant", f"healthy after (median of {args.rounds})", "each",
+                     "first hidden-states file after"],
+                    [[name, f"{medians[name]:.1f} s", ", ".join(f"{r[0]:.1f}" for r in rows),
+                      f"{statistics.median(r[1] for r in rows):.2f} s"]
+                     for name, rows in times.items()]))
+        ours, default = medians.values()
+        print(f"\nthe worker's command starts in {ratio(ours, default)} the time of vLLM's "
+              "default")
 
 if __name__ == "__main__":
     main()
