@@ -36,8 +36,8 @@ SHARED_GPU_MEMORY_UTILIZATION = "0.45"
 CPU_LAUNCHER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
 CPU_FLAGS = ["--enforce-eager", "--no-enable-prefix-caching", "--dtype", "float32"]
 # VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
-# instead of starting a third Python (on 2 cores the server is healthy in about 17 s, not 27;
-# benchmarks/vllm_start.py).
+# instead of starting a third Python (on 2 cores the server is healthy in about 16 s, not 21;
+# benchmarks/vllm_start.py, docs/benchmarks.md).
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # vLLM 0.32's ExampleHiddenStatesConnector is CUDA-only; the local runtime's subclass is not.
