@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.errors import APIError
+from app.errors import APIError, echo
 from app.schemas.verifiers import VerifierOut
 from app.services.hub import is_hub_reference
 from app.services.paths import exists, looks_like_path, resolve_under
@@ -60,8 +60,10 @@ def read_config(reference: str, *, settings: Settings, hub: Mapping[str, bytes],
     if is_hub_reference(reference, settings):
         return reference, "hub", parse_config(hub[reference], reference, param=param)
     if not looks_like_path(reference) and not exists(settings.models_root / reference):
-        raise APIError(422, f"{param} must be a Hugging Face id ('org/name') or a path under the "
-                       "models root", code=f"invalid_{param}", param=param)
+        # A name that could be a directory there, but is not: say that, not what it should be.
+        raise APIError(422, f"No model '{echo(reference)}' under the models root: name a "
+                       "directory there, or a Hugging Face id ('org/name')",
+                       code=f"invalid_{param}", param=param)
     models_root = settings.models_root
     path = resolve_under(models_root, reference, param=param, what="models")
     # The file too: a config.json linked to a file out of the root is refused.

@@ -132,3 +132,10 @@ def test_a_hub_that_does_not_answer_is_a_503(pg_stack: Stack, hub: HubDouble) ->
         error = assert_error(answer, 503, "hub_unavailable", "verifier")
         assert answer.headers["Retry-After"]
         assert "SPECDECK_HUB_TIMEOUT_SECONDS" in error["message"]
+
+
+def test_a_name_with_no_model_behind_it_is_told_so(api: Api) -> None:
+    """A plain name is a directory under the models root that isn't there, not a bad format."""
+    error = assert_error(inspect(api, "demo2"), 422, "invalid_verifier", "verifier")
+    assert error["message"].startswith("No model 'demo2' under the models root")
+    assert "Hugging Face id" in error["message"]
