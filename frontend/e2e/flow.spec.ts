@@ -98,13 +98,17 @@ test.describe.serial("the demo flow", () => {
       fs.writeFileSync(
         bad,
         '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n' +
-          '{"messages": "not a list"}\n',
+          '{"messages": "not a list"}\n' +
+          '{"x": 1}\n',
       );
       await page.getByRole("link", { name: "Datasets", exact: true }).click();
       await expect(page.getByRole("heading", { level: 1, name: "Datasets" })).toBeVisible();
       await page.getByLabel("JSONL file", { exact: true }).setInputFiles(bad);
       await page.getByRole("button", { name: "Upload" }).click();
       await expect(page.getByRole("list", { name: "Problems in the file" })).toContainText("Line 2:");
+      await expect(page.getByRole("list", { name: "Problems in the file" })).toContainText("Line 3:");
+      await expect(page.getByText("The file has 2 problems, listed below.")).toBeVisible();
+      await expect(page.getByText("error.errors")).toHaveCount(0); // the API's pointer, not for people
     });
 
     await test.step("3. upload the demo dataset", async () => {

@@ -45,8 +45,15 @@ export function UploadDataset({ onUploaded }: { onUploaded?: (dataset: Dataset) 
       onUploaded?.(dataset);
     },
     onError: (e) => {
-      setProblems(e instanceof ApiError ? (e.body.errors ?? []) : []);
-      setError(messageOf(e));
+      const found = e instanceof ApiError ? (e.body.errors ?? []) : [];
+      setProblems(found);
+      // The API's message points API clients at error.errors; here they are listed below it.
+      const stopped = found.length > 1 && messageOf(e).includes("stopped reading");
+      setError(
+        found.length > 1
+          ? `The file has ${stopped ? "at least " : ""}${found.length} problems, listed below.`
+          : messageOf(e),
+      );
     },
   });
 
