@@ -8,11 +8,13 @@ export function ConfirmAction({
   name,
   question,
   action,
+  unavailable,
 }: {
   label: string; // the button's text
   name: string; // its accessible name, e.g. "Delete dataset demo"
   question: string;
   action: UseMutationResult<unknown, Error, void>;
+  unavailable?: string; // why it can't be done now: the button is disabled and says so
 }) {
   return (
     <>
@@ -20,7 +22,9 @@ export function ConfirmAction({
         type="button"
         className="danger small"
         aria-label={name}
-        disabled={action.isPending}
+        aria-description={unavailable}
+        title={unavailable}
+        disabled={action.isPending || unavailable !== undefined}
         onClick={() => window.confirm(question) && action.mutate()}
       >
         {label}

@@ -99,7 +99,7 @@ function Row({ promotion }: { promotion: Promotion }) {
   );
 }
 
-function RollBack({ deployment }: { deployment: Deployment }) {
+function RollBack({ deployment, switched }: { deployment: Deployment; switched: boolean }) {
   const queryClient = useQueryClient();
   const rollback = useMutation({
     mutationFn: () =>
@@ -117,6 +117,7 @@ function RollBack({ deployment }: { deployment: Deployment }) {
       name={`Roll back deployment ${deployment.name}`}
       question={`Roll back "${deployment.name}" to the drafter it served before? It switches without downtime: the old drafter's engine starts beside the current one.`}
       action={rollback}
+      unavailable={switched ? undefined : "Nothing to roll back to: it serves the drafter it was created with"}
     />
   );
 }
@@ -150,7 +151,13 @@ export function Promotions({ deployment }: { deployment: Deployment }) {
           <button type="button" className="small" aria-expanded={open === "retrain"} onClick={() => toggle("retrain")}>
             Retrain…
           </button>
-          {serving && <RollBack deployment={deployment} />}
+          {serving && (
+            <RollBack
+              deployment={deployment}
+              // What the API rolls back to: the drafter before the latest switch that succeeded.
+              switched={promotions.data?.data.some((p) => p.status === "succeeded") ?? false}
+            />
+          )}
         </div>
       </div>
       <p className="hint">
