@@ -13,9 +13,13 @@ for one representative job (``specdeck_commands``).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
+import os
 import shlex
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -310,15 +314,46 @@ class Unavailable:
     installed: bool
 
 
-def installed_argument_sets(package: str) -> dict[str, ArgumentSet] | Unavailable:
-    """``package``'s argument sets, read from the installed version's own parsers."""
-    if importlib.util.find_spec(package) is None:
+def installed_argument_sets(package: str, cache: Path | None = None
+                            ) -> dict[str, ArgumentSet] | Unavailable:
+    """``package``'s argument sets, read from the installed version's own parsers: importing
+    them takes seconds of CPU (torch, transformers), so what was read is kept under ``cache``
+    (default: cache_dir()), keyed by the package's installed files (installed_fingerprint). A
+    reinstall or upgrade reads them again. ``SPECDECK_DOCTOR_CACHE=off`` always reads."""
+    spec = importlib.util.find_spec(package)
+    if spec is None:
         return Unavailable(f"{package} is not installed", installed=False)
+    if cache is None and os.environ.get("SPECDECK_DOCTOR_CACHE") != "off":
+        cache = cache_dir()
+    kept = cache / f"{package}-{installed_fingerprint(spec)}.json" if cache else None
+    if kept is not None and kept.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
+            return {name: ArgumentSet.from_json(data)
+                    for name, data in json.loads(kept.read_text()).items()}
     try:
-        return READERS[package]()
+        sets = READERS[package]()
     except Exception as exc:  # noqa: BLE001 - any failure is the row's detail
         return Unavailable(f"{package}'s parsers could not be read: "
                            f"{type(exc).__name__}: {exc}", installed=True)
+    if kept is not None:
+        with contextlib.suppress(OSError):  # a read-only home: read again next time
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            partial = kept.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps({n: a.to_json() for n, a in sets.items()}))
+            partial.replace(kept)
+    return sets
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdeck" / "doctor"
+
+
+def installed_fingerprint(spec: importlib.machinery.ModuleSpec) -> str:
+    """The installed package as files: where its ``__init__`` is and when it was written (a
+    reinstall, an upgrade or a downgrade writes it again)."""
+    origin = Path(spec.origin or "")
+    stamp = origin.stat().st_mtime_ns if origin.is_file() else 0
+    return hashlib.sha256(f"{origin}|{stamp}".encode()).hexdigest()[:16]
 
 
 def _package(program: str) -> str:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from app.doctor import flags
 from app.doctor.flags import (
     SPECULATORS_TRAIN,
     VLLM_SERVE,
@@ -18,6 +21,7 @@ from app.doctor.flags import (
     Unavailable,
     check_commands,
     flag_checks,
+    installed_argument_sets,
     program_of,
     representative_job,
     specdeck_commands,
@@ -123,10 +127,11 @@ def test_a_missing_speculators_command_is_reported() -> None:
     assert row.ok is False and "does not exist" in row.detail
 
 
-def test_live_check_reads_the_installed_parsers() -> None:
+def test_live_check_reads_the_installed_parsers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The speculators rows pass against the installed speculators' own parsers, and the vLLM
     rows against the installed vLLM's (here the CPU wheel); where vLLM is not installed its
     rows say so and are neither passed nor failed."""
+    monkeypatch.setenv("SPECDECK_DOCTOR_CACHE", "off")  # the parsers themselves, not a copy
     for runtime in ("vllm", "local"):
         rows = {row.name: row for row in flag_checks(runtime)}
         vllm_rows = {name for name, argv in specdeck_commands(representative_job(runtime)).items()
@@ -144,3 +149,33 @@ def test_importing_the_check_imports_neither_vllm_nor_speculators() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_what_was_read_is_kept_until_the_package_is_installed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parsers cost seconds of imports: a second doctor run reads what the first kept, and
+    a reinstall (the package's files written again) reads them anew."""
+    package = tmp_path / "site" / "fakeprog"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    reads = []
+    options = [frozenset({"--a"})]
+
+    def reader() -> dict[str, ArgumentSet]:
+        reads.append(1)
+        return {"fakeprog run": ArgumentSet("fakeprog run", "fakeprog", "1.0", options[0])}
+
+    monkeypatch.setitem(flags.READERS, "fakeprog", reader)
+    cache = tmp_path / "cache"
+    first = installed_argument_sets("fakeprog", cache)
+    assert installed_argument_sets("fakeprog", cache) == first and len(reads) == 1
+    assert len(list(cache.iterdir())) == 1
+    options[0] = frozenset({"--a", "--b"})  # a new version, installed over the old one
+    stat = (package / "__init__.py").stat()
+    os.utime(package / "__init__.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    second = installed_argument_sets("fakeprog", cache)
+    assert len(reads) == 2 and second["fakeprog run"].options == {"--a", "--b"}
+    monkeypatch.setenv("SPECDECK_DOCTOR_CACHE", "off")
+    installed_argument_sets("fakeprog")
+    assert len(reads) == 3
