@@ -123,6 +123,8 @@ class Job(Leased, Base):
     # The served evaluation of the checkpoint the job chose (headline: the served acceptance
     # length beside its baselines) and the acceptance gate's verdict; written by the worker.
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Trainer steps in one epoch, known once the first epoch is trained (its progress' total).
+    steps_per_epoch: Mapped[int | None] = mapped_column(Integer)
 
     @property
     def served_acceptance_length(self) -> float | None:

@@ -213,7 +213,17 @@ class JobProgress(BaseModel):
                        "+ 1.")
     epochs: int = Field(description="The epochs the job trains (speculator.epochs)")
     step: int = Field(description="The trainer's global step at that line (counted over all "
-                      "epochs)")
+                      "epochs, from 0)")
+    steps_done: int = Field(description="Trainer steps done: step + 1")
+    total_steps: int | None = Field(description="Trainer steps of the whole training: the "
+                                    "steps of one epoch (known once the first epoch is "
+                                    "trained) times epochs; null before")
+    percent: float | None = Field(description="steps_done of total_steps, in percent; null "
+                                  "while total_steps is")
+    eta_seconds: float | None = Field(description="Training time left, estimated from the "
+                                      "rate measured so far (steps per second between the "
+                                      "job's first and latest training lines); null while "
+                                      "total_steps is, and 0 once the steps are done")
 
 
 class JobOut(BaseModel):

@@ -21,7 +21,7 @@ from app.services.checkpoints import checkpoint_drafter
 from app.services.datasets import resolve_for_job
 from app.services.promotions import serving_deployment
 from app.services.scheduling import schedule
-from app.services.state import JobStatus
+from app.services.state import JobStatus, Stage
 from app.services.verifier import VerifierInfo, check_layer_ids, default_layer_ids, resolve_verifier
 from app.settings import Settings
 
@@ -277,24 +277,55 @@ def list_checkpoints(session: Session, job: Job) -> list[Checkpoint]:
 
 
 def training_progress(session: Session, jobs: list[Job]) -> dict[str, JobProgress]:
-    """Each job's progress, from its latest training metric row (the highest id among the rows
-    with a step and an epoch: the trainer's training lines; validation rows have no step, data
-    regeneration rows no epoch). One query for all of them; a job without one is left out."""
+    """Each job's progress, from its first and latest training metric rows (the lowest and
+    highest id among the rows with a step and an epoch: the trainer's training lines;
+    validation rows have no step, data regeneration rows no epoch). One query for all of them;
+    a job without one is left out."""
     if not jobs:
         return {}
-    # Per job, a correlated max(id): read backwards on ix_job_metrics_job_id_id, it stops at
-    # the job's newest training row however many rows the job has.
+    # Per job, a correlated min(id) and max(id): each read on ix_job_metrics_job_id_id, it
+    # stops at the job's first or newest training row however many rows the job has.
     row = aliased(JobMetric)
-    latest = (select(func.max(row.id))
-              .where(row.job_id == Job.id, row.step.is_not(None), row.epoch.is_not(None))
-              .scalar_subquery())
+    training = (row.job_id == Job.id, row.step.is_not(None), row.epoch.is_not(None))
+    ends = [select(func.min(row.id)).where(*training).scalar_subquery(),
+            select(func.max(row.id)).where(*training).scalar_subquery()]
+    wanted = [select(end).where(Job.id.in_([job.id for job in jobs])) for end in ends]
     rows = session.execute(
-        select(JobMetric.job_id, JobMetric.epoch, JobMetric.step)
-        .where(JobMetric.id.in_(select(latest).where(Job.id.in_([job.id for job in jobs])))))
-    epochs = {job.id: job.spec["speculator"]["epochs"] for job in jobs}
+        select(JobMetric.job_id, JobMetric.id, JobMetric.epoch, JobMetric.step,
+               JobMetric.created_at)
+        .where(JobMetric.id.in_(wanted[0].union(wanted[1]))).order_by(JobMetric.id))
+    first: dict[str, Any] = {}
+    latest: dict[str, Any] = {}
+    for r in rows:
+        first.setdefault(r.job_id, r)
+        latest[r.job_id] = r
+    return {job.id: progress_of(job, first[job.id], latest[job.id])
+            for job in jobs if job.id in latest}
+
+
+AFTER_TRAINING = frozenset({Stage.EVALUATING, Stage.PUBLISHING, Stage.DEPLOYING})
+
+
+def progress_of(job: Job, first: Any, latest: Any) -> JobProgress:
+    """Steps done of all, percent and time left, from two training rows (step, created_at)."""
+    epochs = job.spec["speculator"]["epochs"]
+    done = latest.step + 1
+    total = job.steps_per_epoch * epochs if job.steps_per_epoch else None
+    percent = eta = None
+    if total:
+        # Training ended (a later stage, or success): every step is done, even where an epoch
+        # had fewer steps than the first.
+        done = total if job.stage in AFTER_TRAINING or job.status == JobStatus.SUCCEEDED else min(
+            done, total)
+        percent = round(100 * done / total, 1)
+        elapsed = (latest.created_at - first.created_at).total_seconds()
+        if done == total:
+            eta = 0.0
+        elif latest.step > first.step and elapsed > 0:
+            eta = round((total - done) * elapsed / (latest.step - first.step), 1)
     # The trainer counts epochs from 0; "epoch" here counts from 1 (JobProgress.epoch).
-    return {job_id: JobProgress(epoch=epoch + 1, epochs=epochs[job_id], step=step)
-            for job_id, epoch, step in rows}
+    return JobProgress(epoch=latest.epoch + 1, epochs=epochs, step=latest.step, steps_done=done,
+                       total_steps=total, percent=percent, eta_seconds=eta)
 
 
 def job_outs(session: Session, jobs: list[Job]) -> list[JobOut]:

@@ -155,11 +155,16 @@ test.describe.serial("the demo flow", () => {
       expect(await page.evaluate(() => (window as unknown as { e2eMark?: boolean }).e2eMark)).toBe(true);
     });
 
-    await test.step("6. the training loss chart has data points", async () => {
+    await test.step("6. the training loss chart has data points, and the progress counts steps", async () => {
       const loss = page.getByRole("region", { name: "Training loss" });
       await expect
         .poll(() => loss.locator(".recharts-line-dot, .recharts-dot").count(), { timeout: 6 * 60_000 })
         .toBeGreaterThan(0);
+      // During training: "epoch 1/N · step S · time left known after epoch 1", then with a
+      // total, a percent and the time left; once trained, "trained: T of T steps".
+      await expect(page.locator(".job-head .progress")).toContainText(/step \d+|trained: \d+ of \d+ steps/, {
+        timeout: 6 * 60_000,
+      });
     });
 
     await test.step("7. the job succeeds with an evaluated best checkpoint", async () => {
@@ -168,6 +173,9 @@ test.describe.serial("the demo flow", () => {
       const checkpoints = page.getByRole("table", { name: "Checkpoints" });
       await expect(checkpoints.getByRole("row").filter({ hasText: /\bbest\b/ }).first()).toBeVisible();
       await expect(page.getByRole("region", { name: "Served acceptance", exact: true })).toContainText(/\d\.\d/);
+      const progress = page.getByRole("progressbar", { name: "Training progress" });
+      await expect(page.locator(".job-head .progress")).toContainText(/^trained: (\d+) of \1 steps$/);
+      expect(await progress.getAttribute("value")).toBe(await progress.getAttribute("max")); // full
     });
   });
 

@@ -71,6 +71,12 @@ def assert_demo_job(api: Api, stack: Stack, job_id: str) -> dict:
     assert len(train_loss) >= 10 and len({m["step"] for m in train_loss}) == len(train_loss)
     val_eal = sorted((m["epoch"], m["value"]) for m in metrics if m["name"] == "val/eal_epoch")
     assert [epoch for epoch, _ in val_eal] == [0, 1]
+    # The progress' total: the steps of epoch 0 (as the trainer numbered them), times 2; all
+    # of them done.
+    per_epoch = 1 + max(m["step"] for m in train_loss if m["epoch"] == 0)
+    assert done["progress"] == {"epoch": 2, "epochs": 2, "step": max(m["step"] for m in train_loss),
+                                "steps_done": 2 * per_epoch, "total_steps": 2 * per_epoch,
+                                "percent": 100.0, "eta_seconds": 0.0}
 
     events = api.events(job_id)
     stages = [e["stage"] for e in events if e["kind"] == "status" and e["stage"]]

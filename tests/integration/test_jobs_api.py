@@ -422,7 +422,9 @@ def test_progress_is_the_latest_training_step_with_a_1_based_epoch(api: Api, job
     # step: a resumed trainer goes back to its checkpoint's step.
     add_metrics(training["id"], (10, 0, "train/loss"), (10, 0, "lr/AdamW"), (25, 1, "train/loss"),
                 (None, 1, "val/loss_epoch"), (20, 1, "train/loss"))
-    expected = {"epoch": 2, "epochs": 3, "step": 20}
+    # The steps of an epoch are not known yet: no total, percent or time left.
+    expected = {"epoch": 2, "epochs": 3, "step": 20, "steps_done": 21, "total_steps": None,
+                "percent": None, "eta_seconds": None}
     assert api.job(training["id"])["progress"] == expected
 
     statements: list[str] = []
@@ -440,3 +442,31 @@ def test_progress_is_the_latest_training_step_with_a_1_based_epoch(api: Api, job
 
     cancelled = api.post(f"/api/jobs/{training['id']}/cancel").json()
     assert cancelled["status"] == "cancelled" and cancelled["progress"] == expected
+
+
+def test_progress_has_a_total_a_percent_and_the_time_left_once_an_epoch_is_trained(
+        api: Api, job_body) -> None:
+    from datetime import timedelta
+
+    from app.db import session_scope
+    from app.db.models import Job, JobMetric, utcnow
+
+    job_id = api.post("/api/jobs", json=job_body(speculator={"epochs": 2})).json()["id"]
+    start = utcnow()
+    with session_scope() as session:
+        # Epoch 0 was steps 0-9 (10 steps, the worker records it when the epoch completes),
+        # trained at one step a second; the latest line is step 14 of epoch 1.
+        session.get(Job, job_id).steps_per_epoch = 10
+        for step in (0, 9, 14):
+            session.add(JobMetric(job_id=job_id, step=step, epoch=step // 10, name="train/loss",
+                                  value=1.0, created_at=start + timedelta(seconds=step)))
+            session.flush()
+    progress = api.job(job_id)["progress"]
+    # 15 of 20 steps done; 14 steps took 14 s, so the 5 left take about 5 s.
+    assert progress == {"epoch": 2, "epochs": 2, "step": 14, "steps_done": 15,
+                        "total_steps": 20, "percent": 75.0, "eta_seconds": 5.0}
+    with session_scope() as session:
+        session.add(JobMetric(job_id=job_id, step=19, epoch=1, name="train/loss", value=1.0,
+                              created_at=start + timedelta(seconds=19)))
+    assert api.job(job_id)["progress"] == {**progress, "step": 19, "steps_done": 20,
+                                          "percent": 100.0, "eta_seconds": 0.0}

@@ -72,6 +72,7 @@ class ProgressRecorder:
         self.backlog: deque[list[Record]] = deque()
         self.held_back = 0  # records that waited out an outage
         self._next_try = 0.0
+        self.last_step: int | None = None  # the trainer's global step, counted from 0
 
     def __call__(self, line: str) -> None:
         records = parse_line(line)
@@ -109,8 +110,11 @@ class ProgressRecorder:
         def event(kind: str, message: str, data: dict | None = None) -> None:
             record_event(session, job, kind, message, data)
 
+        metrics = [m for m in records if isinstance(m, Metric)]
         session.add_all(JobMetric(job_id=job_id, step=m.step, epoch=m.epoch, name=m.name,
-                                  value=m.value) for m in records if isinstance(m, Metric))
+                                  value=m.value) for m in metrics)
+        self.last_step = max((m.step for m in metrics if m.step is not None),
+                             default=self.last_step)
         session.flush()  # the metrics first: a checkpoint row reads its epoch's val/ metrics
         for record in records:
             match record:
@@ -118,6 +122,10 @@ class ProgressRecorder:
                     # Epochs are numbered from 0, as the checkpoints are (directories, the API).
                     event("epoch", f"training epoch {epoch} ({epoch + 1} of {total}) {status}",
                           {"epoch": epoch, "status": status})
+                    if (status == "completed" and job.steps_per_epoch is None
+                            and self.last_step is not None):
+                        # Global steps count from 0 over all epochs, resumed ones included.
+                        job.steps_per_epoch = (self.last_step + 1) // (epoch + 1)
                 case CheckpointSaved(path=path) if record.epoch is not None:
                     upsert_checkpoint(session, job_id, record.epoch, path, owner)
                     event("checkpoint", f"checkpoint for epoch {record.epoch} saved",

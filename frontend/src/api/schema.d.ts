@@ -1344,9 +1344,29 @@ export interface components {
             epochs: number;
             /**
              * Step
-             * @description The trainer's global step at that line (counted over all epochs)
+             * @description The trainer's global step at that line (counted over all epochs, from 0)
              */
             step: number;
+            /**
+             * Steps Done
+             * @description Trainer steps done: step + 1
+             */
+            steps_done: number;
+            /**
+             * Total Steps
+             * @description Trainer steps of the whole training: the steps of one epoch (known once the first epoch is trained) times epochs; null before
+             */
+            total_steps: number | null;
+            /**
+             * Percent
+             * @description steps_done of total_steps, in percent; null while total_steps is
+             */
+            percent: number | null;
+            /**
+             * Eta Seconds
+             * @description Training time left, estimated from the rate measured so far (steps per second between the job's first and latest training lines); null while total_steps is, and 0 once the steps are done
+             */
+            eta_seconds: number | null;
         };
         /**
          * JobStatus

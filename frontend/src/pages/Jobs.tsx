@@ -6,6 +6,7 @@ import { Pager, useCursor } from "../components/pager";
 import { QueryState } from "../components/states";
 import { StatusBadge, isTerminal } from "../components/status";
 import { Duration, RelTime } from "../components/time";
+import { progressOf } from "./job/model";
 import "./jobs/jobs.css";
 
 type JobStatus = Schemas["JobStatus"];
@@ -19,12 +20,6 @@ const STATUSES: Record<JobStatus, true> = {
   cancelling: true,
   cancelled: true,
 };
-
-/** "epoch N/M, step S" while a job trains (JobOut.progress: epoch counted from 1). */
-export function progressOf(job: Job): string | null {
-  const progress = job.progress;
-  return progress ? `epoch ${progress.epoch}/${progress.epochs}, step ${progress.step}` : null;
-}
 
 function JobRow({ job }: { job: Job }) {
   const progress = progressOf(job);

@@ -5,21 +5,21 @@ import { api, must } from "../../api/client";
 import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
-import { isTerminal, keys, num, type Job } from "./model";
+import { isTerminal, keys, num, progressOf, type Job } from "./model";
 
 function Progress({ job }: { job: Job }) {
   const progress = job.progress;
   if (!progress) {
     return isTerminal(job.status) ? null : <span className="dim">no training step yet</span>;
   }
-  // Epochs completed: all of them once the job is past training, else the ones before this.
-  const done = job.status === "succeeded" ? progress.epochs : progress.epoch - 1;
+  // Steps once their total is known (after the first epoch), else the epochs completed: all of
+  // them once the job is past training, else the ones before this.
+  const total = progress.total_steps;
+  const done = total != null ? progress.steps_done : job.status === "succeeded" ? progress.epochs : progress.epoch - 1;
   return (
     <span className="progress">
-      <progress max={progress.epochs} value={done} aria-label="Epochs completed" />
-      <span>
-        epoch {progress.epoch}/{progress.epochs}, step {progress.step}
-      </span>
+      <progress max={total ?? progress.epochs} value={done} aria-label="Training progress" />
+      <span>{progressOf(job)}</span>
     </span>
   );
 }

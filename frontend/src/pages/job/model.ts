@@ -1,7 +1,11 @@
 // What the job detail page knows about a job beyond the generated schema, and small helpers.
 export type { Job } from "../../api/client";
 
-export { isTerminal } from "../../components/status";
+import type { Job } from "../../api/client";
+import { isTerminal } from "../../components/status";
+import { duration } from "../../components/time";
+
+export { isTerminal };
 
 /**
  * A served evaluation (job.evaluation, checkpoint.evaluation; workers/pipeline/evaluate.py):
@@ -45,3 +49,18 @@ export const keys = {
   logs: (id: string) => ["job", id, "logs"] as const,
   plan: (id: string) => ["job", id, "plan"] as const,
 };
+
+/** Where training is (JobOut.progress: epoch counted from 1; the total known once the first
+ * epoch is trained): "epoch 2/2 · step 45 of 62 (73%) · about 20s left", or "trained: 62 of 62
+ * steps" once it is done. */
+export function progressOf(job: Job): string | null {
+  const p = job.progress;
+  if (!p) return null;
+  if (p.total_steps == null) {
+    const later = isTerminal(job.status) ? "" : " · time left known after epoch 1";
+    return `epoch ${p.epoch}/${p.epochs} · step ${p.steps_done}${later}`;
+  }
+  if (p.steps_done >= p.total_steps) return `trained: ${p.total_steps} of ${p.total_steps} steps`;
+  const left = p.eta_seconds && !isTerminal(job.status) ? ` · about ${duration(p.eta_seconds)} left` : "";
+  return `epoch ${p.epoch}/${p.epochs} · step ${p.steps_done} of ${p.total_steps} (${p.percent}%)${left}`;
+}
