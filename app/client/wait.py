@@ -32,11 +32,16 @@ def _number(value: Any, suffix: str = "") -> str:
 
 
 def progress_text(job: dict[str, Any], loss: float | None) -> str:
-    """Where the job is: "running/training epoch 2/6, step 40, loss 1.234"."""
+    """Where the job is: "running/training epoch 2/6, step 41 of 120 (34%), about 75 s left,
+    loss 1.234" (the total and the time left once the first epoch is trained)."""
     where = job["status"] + (f"/{job['stage']}" if job.get("stage") else "")
     progress = job.get("progress")
     if progress and job["status"] in ("running", "cancelling"):
-        where += f" epoch {progress['epoch']}/{progress['epochs']}, step {progress['step']}"
+        where += f" epoch {progress['epoch']}/{progress['epochs']}, step {progress['steps_done']}"
+        if progress.get("total_steps"):
+            where += f" of {progress['total_steps']} ({progress['percent']:g}%)"
+            if progress.get("eta_seconds"):
+                where += f", about {progress['eta_seconds']:.0f} s left"
         if loss is not None:
             where += f", loss {loss:.4g}"
     return where

@@ -1,9 +1,10 @@
-"""The summary line a wait ends with, and how `logs --follow` finds a log's new lines."""
+"""The summary line a wait ends with, its progress line, and how `logs --follow` finds a
+log's new lines."""
 
 from __future__ import annotations
 
 from app.client.commands.jobs import new_lines
-from app.client.wait import job_summary
+from app.client.wait import job_summary, progress_text
 
 
 def test_summary_line_and_log_tails() -> None:
@@ -24,3 +25,15 @@ def test_summary_line_and_log_tails() -> None:
     assert new_lines([], ["a"]) == ["a"]
     assert new_lines(["a", "b"], ["a", "b"]) == []
     assert new_lines(["a"], ["x", "y"]) == ["x", "y"]  # more new lines than the window held
+
+
+def test_progress_counts_steps_of_the_total_once_it_is_known() -> None:
+    job = {"status": "running", "stage": "training",
+           "progress": {"epoch": 1, "epochs": 2, "step": 11, "steps_done": 12,
+                        "total_steps": None, "percent": None, "eta_seconds": None}}
+    assert progress_text(job, 1.5) == "running/training epoch 1/2, step 12, loss 1.5"
+    job["progress"] |= {"epoch": 2, "step": 40, "steps_done": 41, "total_steps": 62,
+                        "percent": 66.1, "eta_seconds": 21.4}
+    assert progress_text(job, None) == ("running/training epoch 2/2, step 41 of 62 (66.1%), "
+                                        "about 21 s left")
+    assert progress_text({**job, "status": "succeeded", "stage": None}, None) == "succeeded"
