@@ -13,6 +13,7 @@ from pathlib import Path
 from app.client.commands import register as register_client
 from app.client.config import write_private
 from app.client.exits import CLIError
+from app.roles import ROLES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -255,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "print it (shown once): a project's first key")
     create.add_argument("--project", default="default")
     create.add_argument("--name", default="")
-    create.add_argument("--role", choices=("admin", "member", "inference"), default="admin",
+    create.add_argument("--role", choices=ROLES, default="admin",
                         help="what the key may do (default admin: a project's first key "
                         "manages the others)")
     create.set_defaults(func=cmd_keys_create)

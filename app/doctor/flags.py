@@ -327,6 +327,7 @@ def installed_argument_sets(package: str, cache: Path | None = None
         cache = cache_dir()
     kept = cache / f"{package}-{installed_fingerprint(spec)}.json" if cache else None
     if kept is not None and kept.is_file():
+        # A kept file that can't be read back (cut short, another format) is read anew below.
         with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
             return {name: ArgumentSet.from_json(data)
                     for name, data in json.loads(kept.read_text()).items()}

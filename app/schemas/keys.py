@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from app.schemas.common import Strict
 
 
-Role = Literal["admin", "member", "inference"]
+Role = Literal["inference", "member", "admin"]  # app.roles.ROLES, spelled for the schema
 ROLE_HELP = ("What the key may do: admin (everything), member (train, deploy and chat; not API "
              "keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone)")
 

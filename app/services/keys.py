@@ -12,13 +12,11 @@ from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Project, utcnow
 from app.errors import APIError, not_found
+from app.roles import ROLES
 from app.schemas.keys import KeyOut
 from app.services import quotas
 from app.settings import Settings
 
-# Key roles, least to most: what each may do is checked by app/api/deps.py (/api) and not at all
-# by the gateway (/v1 takes every role).
-ROLES = ("inference", "member", "admin")
 KEY_PREFIX = "sdk-"
 VISIBLE_CHARS = 12
 # How stale a key's last_used_at may get before a request through /api writes it again: one

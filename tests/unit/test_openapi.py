@@ -186,3 +186,12 @@ def test_a_dry_run_plan_has_no_job_id(document) -> None:
     assert error_schema(plan) == error_schema(responses(document, "get", "/api/jobs/{job_id}/plan")
                                               ["200"]) == {"$ref": "#/components/schemas/PlanOut"}
     assert {"type": "null"} in component(document, "PlanOut")["properties"]["job_id"]["anyOf"]
+
+
+def test_the_key_role_schema_names_the_roles_the_api_checks() -> None:
+    from typing import get_args
+
+    from app.roles import ROLES
+    from app.schemas.keys import Role
+
+    assert get_args(Role) == ROLES

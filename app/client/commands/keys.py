@@ -9,8 +9,7 @@ from app.client import exits
 from app.client.commands import command, list_command
 from app.client.http import Api
 from app.client.output import note, show
-
-ROLES = ("admin", "member", "inference")
+from app.roles import ROLES
 
 
 def create(args: argparse.Namespace, api: Api) -> int:

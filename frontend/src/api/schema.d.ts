@@ -1385,7 +1385,7 @@ export interface components {
              * Role
              * @description What the key may do: admin (everything), member (train, deploy and chat; not API keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone). Default: the role of the key that creates it, and never more than that
              */
-            role?: ("admin" | "member" | "inference") | null;
+            role?: ("inference" | "member" | "admin") | null;
         };
         /** KeyCreated */
         KeyCreated: {
@@ -1404,7 +1404,7 @@ export interface components {
              * @description What the key may do: admin (everything), member (train, deploy and chat; not API keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone)
              * @enum {string}
              */
-            role: "admin" | "member" | "inference";
+            role: "inference" | "member" | "admin";
             /**
              * Prefix
              * @description The key's first characters, to recognise it by; too few to use it
@@ -1445,7 +1445,7 @@ export interface components {
              * @description What the key may do: admin (everything), member (train, deploy and chat; not API keys, secrets or webhooks), inference (the OpenAI-compatible /v1 alone)
              * @enum {string}
              */
-            role: "admin" | "member" | "inference";
+            role: "inference" | "member" | "admin";
             /**
              * Prefix
              * @description The key's first characters, to recognise it by; too few to use it
