@@ -15,10 +15,10 @@ from app.settings import Settings
 
 SPECULATORS_VERSION = "0.9.0"
 REDACTED = "***"
-# The serving engines' internal key: vLLM reads VLLM_API_KEY, the local engine the variable
-# named by --api-key-env. Keys and tokens travel in the environment, never in argv.
-UPSTREAM_KEY_ENV = {"vllm": "VLLM_API_KEY", "local": "SPECDECK_UPSTREAM_KEY"}
-SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", *UPSTREAM_KEY_ENV.values()})
+# The serving engine's internal key, which vLLM reads from VLLM_API_KEY. Keys and tokens travel
+# in the environment, never in argv.
+UPSTREAM_KEY_ENV = "VLLM_API_KEY"
+SECRET_ENV = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", UPSTREAM_KEY_ENV})
 
 
 @dataclass(frozen=True)

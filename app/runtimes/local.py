@@ -4,12 +4,10 @@ with gloo when more than one process is asked for."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 from app.runtimes import (
-    PER_REQUEST_METRICS,
     UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
@@ -18,7 +16,6 @@ from app.runtimes import (
     generate_offline_argv,
     prepare_data_argv,
     server_layer_ids,
-    speculative_config,
     trainer_args,
     vllm,
 )
@@ -61,21 +58,8 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
 
 def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
                   gpus: list[int], api_key: str) -> StageCommand:
-    """SpecDeck's CPU engine, greedy and lossless, with vLLM's ``--speculative-config``: the
-    verifier with the DFlash drafter, with n-gram drafting, or alone."""
-    key_env = UPSTREAM_KEY_ENV["local"]
-    config = speculative_config(spec)
-    argv = [
-        sys.executable, "-m", "workers.runtimes.local.engine",
-        "--verifier", spec["verifier"],
-        *(["--speculative-config", json.dumps(config), *PER_REQUEST_METRICS] if config else []),
-        "--served-model-name", name,
-        "--host", host,
-        "--port", str(port),
-        "--api-key-env", key_env,
-    ]
-    what = {None: "local engine without speculative decoding (CPU)",
-            "dflash": "local DFlash engine (CPU)",
-            "ngram": "local engine with n-gram (prompt lookup) drafting (CPU)"}[
-        config and config["method"]]
-    return StageCommand("serving", what, argv, {**cuda_env([]), key_env: api_key})
+    """vLLM's CPU wheel serving the verifier with its DFlash drafter, n-gram drafting, or alone:
+    the ``vllm`` runtime's command with the CPU device flags."""
+    return StageCommand("serving", f"{vllm.serving_what(spec)} (CPU)",
+                        vllm.serve_argv(spec, name, port=port, host=host, cpu=True),
+                        {**cuda_env([]), **vllm.CPU_ENV, UPSTREAM_KEY_ENV: api_key})

@@ -110,23 +110,39 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
                 verifier_gpus=verifier_gpus, trainer_gpus=trainer, stages=stages)
 
 
-def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
-                  gpus: list[int], api_key: str) -> StageCommand:
+def serve_argv(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+               cpu: bool = False) -> list[str]:
     """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4),
     `{"method": "ngram", ...}` for prompt lookup, or plain `vllm serve VERIFIER` with 0
-    speculative tokens (the evaluation's baseline, data regeneration)."""
+    speculative tokens (the evaluation's baseline, data regeneration). The same flags on both
+    runtimes; only the device flags differ."""
     config = speculative_config(spec)
-    argv = [
-        "vllm", "serve", spec["verifier"],
-        *(["--speculative-config", json.dumps(config), *PER_REQUEST_METRICS] if config else []),
-        "--served-model-name", name,
-        "--host", host,
-        "--port", str(port),
+    device = CPU_FLAGS if cpu else [
         "--tensor-parallel-size", str(spec["resources"]["tensor_parallel_size"]),
         "--attention-backend", "flash_attn",
         "--max-num-batched-tokens", "32768",
     ]
-    what = {None: "vLLM without speculative decoding", "dflash": "vLLM with the DFlash drafter",
-            "ngram": "vLLM with n-gram (prompt lookup) drafting"}[config and config["method"]]
-    return StageCommand("serving", what, argv,
-                        {**cuda_env(gpus), UPSTREAM_KEY_ENV["vllm"]: api_key}, gpus)
+    return [
+        *(CPU_LAUNCHER if cpu else ["vllm", "serve"]), spec["verifier"],
+        *(["--speculative-config", json.dumps(config), *PER_REQUEST_METRICS] if config else []),
+        "--served-model-name", name,
+        "--host", host,
+        "--port", str(port),
+        *device,
+    ]
+
+
+SERVING = {None: "vLLM without speculative decoding", "dflash": "vLLM with the DFlash drafter",
+           "ngram": "vLLM with n-gram (prompt lookup) drafting"}
+
+
+def serving_what(spec: dict[str, Any]) -> str:
+    config = speculative_config(spec)
+    return SERVING[config and config["method"]]
+
+
+def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+                  gpus: list[int], api_key: str) -> StageCommand:
+    return StageCommand("serving", serving_what(spec),
+                        serve_argv(spec, name, port=port, host=host),
+                        {**cuda_env(gpus), UPSTREAM_KEY_ENV: api_key}, gpus)

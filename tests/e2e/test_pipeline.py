@@ -7,6 +7,7 @@ evaluation."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from app.runtimes import EVALUATION_MODEL
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
 from tests.integration.test_dispatch import wait_for
@@ -145,7 +147,7 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
                and "the n-gram (prompt lookup) baseline" in e["message"]]
     config = json.loads(ngram["data"]["argv"][ngram["data"]["argv"].index("--speculative-config") + 1])
     assert config["method"] == "ngram"
-    assert engine["data"]["env"]["SPECDECK_UPSTREAM_KEY"] == "***"  # the key is redacted
+    assert engine["data"]["env"]["VLLM_API_KEY"] == "***"  # the key is redacted
     argv = engine["data"]["argv"]
     served = json.loads(argv[argv.index("--speculative-config") + 1])
     assert served["method"] == "dflash" and served["model"] == best["path"]  # the best checkpoint
@@ -181,10 +183,21 @@ def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch
     assert hidden_state_files(pg_stack, job["id"]) == []
 
 
+def vllm_pids(job_id: str, marker: bytes) -> list[int]:
+    """The job's vLLM API server processes whose command line holds ``marker`` (each one's
+    engine core is in its process group)."""
+    found = []
+    for pid in job_processes(job_id):
+        with contextlib.suppress(FileNotFoundError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"vllm.entrypoints.openai.api_server" in argv and marker in argv:
+                found.append(pid)
+    return found
+
+
 def server_pids(job_id: str) -> list[int]:
-    """The hidden-states server: vLLM's API server process (its engine core is in its group)."""
-    return [pid for pid in job_processes(job_id)
-            if b"vllm.entrypoints.openai.api_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    """The hidden-states server: vLLM with the extract_hidden_states method."""
+    return vllm_pids(job_id, b"extract_hidden_states")
 
 
 def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api, pg_stack: Stack,
@@ -227,8 +240,7 @@ def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack,
     assert response.status_code == 201, response.text
     job = response.json()
     wait_for(lambda: event_seen(pg_api, job["id"], "evaluation_started"), 600, "the evaluation")
-    engines = [pid for pid in job_processes(job["id"])
-               if b"workers.runtimes.local.engine" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    engines = vllm_pids(job["id"], EVALUATION_MODEL.encode())
     assert engines and server_pids(job["id"]) == []  # the hidden-states server made room for it
     pg_api.post(f"/api/jobs/{job['id']}/cancel")
     done = pg_api.wait_status(job["id"], {"cancelled", "failed", "succeeded"}, timeout=120)

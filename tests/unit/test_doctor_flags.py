@@ -58,17 +58,24 @@ def test_every_command_passes_against_the_recorded_versions(runtime: str) -> Non
     assert any(f"vllm {versions['vllm']}" in row.detail for row in rows) == (runtime == "vllm")
 
 
-def test_the_local_runtimes_hidden_states_server_is_checked_as_vllm_serve() -> None:
+def test_the_local_runtimes_vllm_commands_are_checked_as_vllm_serve() -> None:
     """The local runtime runs vLLM's CPU wheel through its API server module, which takes
-    `vllm serve`'s flags (its CPU connector loaded from a module path, not vLLM's registry);
-    its serving engine is still SpecDeck's own."""
+    `vllm serve`'s flags (its CPU connector loaded from a module path, not vLLM's registry): the
+    hidden-states server, the regeneration server and every serving engine."""
     commands = specdeck_commands(representative_job("local"))
     programs = {name: program_of(argv)[0] for name, argv in commands.items() if program_of(argv)}
     assert set(programs.values()) == {VLLM_SERVE, SPECULATORS_TRAIN, "speculators prepare-data",
                                       "speculators generate-offline-data",
                                       "speculators regenerate-responses"}
     assert [name for name, program in programs.items() if program == VLLM_SERVE] == [
-        "starting_verifier: vLLM server that extracts hidden states (CPU)"]
+        "regenerating_data: vLLM without speculative decoding (CPU), generating the verifier's "
+        "own replies",
+        "starting_verifier: vLLM server that extracts hidden states (CPU)",
+        "serving: vLLM with the DFlash drafter (CPU), evaluating the trained drafter",
+        "serving: vLLM with n-gram (prompt lookup) drafting (CPU), the n-gram (prompt lookup) "
+        "baseline",
+        "serving: vLLM without speculative decoding (CPU), the no-speculation baseline",
+    ]
 
 
 def test_a_flag_the_installed_version_lacks_fails_its_rows() -> None:

@@ -5,6 +5,7 @@ model card shows."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,20 +85,15 @@ def test_positions_never_seen_count_as_zero() -> None:
     assert figures["acceptance_rate_per_position"] == [0.5, 0.0, 0.0]
 
 
-def test_the_local_engines_own_metrics_read_the_same_way() -> None:
-    """The CPU engine's /metrics exposition (its real registry), after three decode steps."""
-    from workers.runtimes.local.engine import DecodeStep, SpecDecodeMetrics
-
-    metrics = SpecDecodeMetrics("demo", num_speculative_tokens=3)
-    before = parse_counters(metrics.render().decode())
-    for accepted in (3, 1, 0):
-        metrics.observe(DecodeStep(token_ids=list(range(accepted + 1)), num_draft_tokens=3,
-                                   num_accepted_tokens=accepted))
-    metrics.observe(DecodeStep(token_ids=[1], num_draft_tokens=0, num_accepted_tokens=0))  # prefill
-    figures = acceptance(parse_counters(metrics.render().decode()) - before, 3)
-    assert figures["mean_acceptance_length"] == round(1 + 4 / 3, 4)
-    assert figures["acceptance_rate_per_position"] == [round(2 / 3, 4), round(1 / 3, 4), round(1 / 3, 4)]
-    assert figures["drafts"] == 3 and figures["draft_tokens"] == 9
+def test_vllms_recorded_metrics_read_as_the_acceptance() -> None:
+    """vLLM 0.32.0's /metrics (CPU, n-gram drafting, 3 tokens), recorded around two requests."""
+    recorded = Path(__file__).parents[1] / "data" / "vllm_metrics"
+    before = parse_counters((recorded / "ngram-0.32.0-cpu-started.txt").read_text())
+    after = parse_counters((recorded / "ngram-0.32.0-cpu-2-requests.txt").read_text())
+    figures = acceptance(after - before, 3)
+    assert figures["mean_acceptance_length"] == round(1 + 1 / 17, 4)
+    assert figures["acceptance_rate_per_position"] == [round(1 / 17, 4), 0.0, 0.0]
+    assert figures["drafts"] == 17 and figures["draft_tokens"] == 51
 
 
 # --- held-out prompts -----------------------------------------------------------------------
@@ -283,8 +279,10 @@ def test_the_baseline_engine_serves_the_verifier_without_speculation() -> None:
     assert vllm.description.endswith("the no-speculation baseline")
     local = evaluation_command(spec(runtime="local"), None, port=9001, gpus=[], api_key="k",
                                method=None)
-    assert "--speculative-config" not in local.argv and "--verifier" in local.argv
-    assert local.description.startswith("local engine without speculative decoding")
+    assert "--speculative-config" not in local.argv
+    assert local.argv[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                              "--model", SPEC["verifier_info"]["reference"]]
+    assert local.description.startswith("vLLM without speculative decoding (CPU)")
 
 
 def test_the_ngram_baseline_uses_prompt_lookup_with_as_many_tokens() -> None:

@@ -1,15 +1,15 @@
-"""The live acceptance math on real scraped text: the local engine's own /metrics registry fed
-decode steps, and vLLM's exposition (several label sets); deltas, counter resets, ratios."""
+"""The live acceptance math on real scraped text: vLLM's own /metrics, recorded from a real
+server, and its exposition with several label sets; deltas, counter resets, ratios."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from app.services.live_metrics import Interval
 from workers.live_metrics import interval_between
 from workers.pipeline.evaluate import SpecDecodeCounters, parse_counters
-from workers.runtimes.local.api import RequestAcceptance, SpecDecodeMetrics
-from workers.runtimes.local.speculation import DecodeStep
 
 # vLLM's finished-request and generated-token counters (the spec-decode ones: test_evaluate.py).
 VLLM_TEXT = """\
@@ -30,61 +30,55 @@ def test_vllm_requests_and_tokens_are_summed_over_label_sets() -> None:
     assert (counters.generation_tokens, counters.requests, counters.drafts) == (750, 5, 0)
 
 
-def engine_registry() -> SpecDecodeMetrics:
-    return SpecDecodeMetrics("demo", num_speculative_tokens=3)
+RECORDED = Path(__file__).parents[1] / "data" / "vllm_metrics"
+# Recorded from vLLM 0.32.0 (CPU) serving the demo verifier with n-gram drafting (3 tokens):
+# its /metrics once healthy, and again after two chat completions of 32 tokens each.
+STARTED = (RECORDED / "ngram-0.32.0-cpu-started.txt").read_text()
+AFTER_TWO = (RECORDED / "ngram-0.32.0-cpu-2-requests.txt").read_text()
 
 
-def step(tokens: int, drafted: int, accepted: int) -> DecodeStep:
-    return DecodeStep(token_ids=list(range(tokens)), num_draft_tokens=drafted,
-                      num_accepted_tokens=accepted)
+def scaled(text: str, factor: int) -> str:
+    """The same exposition with every counter sample multiplied: the text of an engine that
+    had served more before it restarted."""
+    def line(sample: str) -> str:
+        name, _, value = sample.rpartition(" ")
+        return f"{name} {float(value) * factor}" if "_total" in name else sample
+    return "\n".join(line(s) if s.startswith("vllm:") else s for s in text.splitlines()) + "\n"
 
 
-def test_local_engine_text_gives_the_intervals_acceptance() -> None:
-    metrics = engine_registry()
-    before = parse_counters(metrics.render().decode())
+def test_vllms_own_text_gives_the_intervals_acceptance() -> None:
+    before, after = parse_counters(STARTED), parse_counters(AFTER_TWO)
     assert before == SpecDecodeCounters(accepted_per_position={0: 0, 1: 0, 2: 0})
-    for s in (step(3, 3, 2), step(1, 3, 0), step(4, 3, 3), step(1, 0, 0)):  # the last: no draft
-        metrics.observe(s)
-    metrics.request_success["stop"].inc()
-    after = parse_counters(metrics.render().decode())
     interval = interval_between(before, after, 2.0)
-    assert (interval.drafts, interval.draft_tokens, interval.accepted) == (3, 9, 5)
-    assert interval.per_position == (2, 2, 1)
-    assert interval.acceptance_length == pytest.approx(1 + 5 / 3)
-    assert interval.per_position_acceptance == pytest.approx([2 / 3, 2 / 3, 1 / 3])
-    assert interval.draft_acceptance_rate == pytest.approx(5 / 9)
-    assert interval.tokens_per_second == pytest.approx(9 / 2.0)
-    assert interval.requests == 1 and not interval.idle
+    assert (interval.drafts, interval.draft_tokens, interval.accepted) == (17, 51, 1)
+    assert interval.per_position == (1, 0, 0)
+    assert interval.acceptance_length == pytest.approx(1 + 1 / 17)
+    assert interval.per_position_acceptance == pytest.approx([1 / 17, 0, 0])
+    assert interval.draft_acceptance_rate == pytest.approx(1 / 51)
+    assert interval.tokens_per_second == pytest.approx(64 / 2.0)
+    assert interval.requests == 2 and not interval.idle
 
     # Nothing since: an idle interval, no ratios.
-    quiet = interval_between(after, parse_counters(metrics.render().decode()), 5.0)
+    quiet = interval_between(after, parse_counters(AFTER_TWO), 5.0)
     assert quiet.idle and quiet.acceptance_length is None and quiet.per_position_acceptance is None
 
 
 def test_a_counter_that_went_down_is_a_new_engine() -> None:
-    old = engine_registry()
-    for _ in range(10):
-        old.observe(step(3, 3, 2))
-    before = parse_counters(old.render().decode())
-    restarted = engine_registry()  # a new engine: counters from zero
-    restarted.observe(step(2, 3, 1))
-    restarted.request_success["length"].inc()
-    interval = interval_between(before, parse_counters(restarted.render().decode()), 1.0)
-    assert (interval.drafts, interval.accepted, interval.generation_tokens) == (1, 1, 2)
+    before = parse_counters(scaled(AFTER_TWO, 10))
+    interval = interval_between(before, parse_counters(AFTER_TWO), 1.0)
+    # The restarted engine's counters count from zero: the interval is what it served.
+    assert (interval.drafts, interval.accepted, interval.generation_tokens) == (17, 1, 64)
     assert interval.per_position == (1, 0, 0)
-    assert interval.requests == 1
-    assert min(interval.per_position) >= 0
+    assert interval.requests == 2
 
 
 def test_requests_without_drafts_count_but_have_no_ratios() -> None:
-    plain = SpecDecodeMetrics("demo", num_speculative_tokens=0)
-    plain.observe(step(1, 0, 0))
-    plain.observe(step(1, 0, 0))
-    plain.request_success["stop"].inc()
-    interval = interval_between(SpecDecodeCounters(), parse_counters(plain.render().decode()), 4.0)
-    assert (interval.requests, interval.generation_tokens, interval.drafts) == (1, 2, 0)
+    # vLLM without speculation exports no spec_decode series at all.
+    plain = "\n".join(s for s in AFTER_TWO.splitlines() if "spec_decode" not in s) + "\n"
+    interval = interval_between(SpecDecodeCounters(), parse_counters(plain), 4.0)
+    assert (interval.requests, interval.generation_tokens, interval.drafts) == (2, 64, 0)
     assert interval.acceptance_length is None and interval.draft_acceptance_rate is None
-    assert interval.tokens_per_second == pytest.approx(0.5)
+    assert interval.tokens_per_second == pytest.approx(16.0)
 
 
 def test_a_window_weighs_intervals_by_drafts() -> None:
@@ -100,18 +94,3 @@ def test_a_window_weighs_intervals_by_drafts() -> None:
     assert total.acceptance_length == pytest.approx(1 + 200 / 110)
     assert total.per_position_acceptance == pytest.approx([90 / 110, 70 / 110, 40 / 110])
     assert total.tokens_per_second == pytest.approx(310 / 20)
-
-
-def test_request_acceptance_is_vllms_summary() -> None:
-    acceptance = RequestAcceptance(3, detailed=True)
-    for s in (step(3, 3, 2), step(1, 0, 0), step(1, 3, 0), step(4, 3, 3), step(2, 2, 1)):
-        acceptance.observe(s)
-    out = acceptance.as_json()
-    assert out["num_spec_steps"] == 4 == sum(out["acceptance_histogram"])
-    assert out["acceptance_histogram"] == [1, 1, 1, 1]
-    assert out["acceptance_histogram_by_draft_length"] == {"2": [0, 1, 0], "3": [1, 0, 1, 1]}
-    assert out["num_accepted_draft_tokens"] == 6 and out["num_draft_tokens"] == 11
-    assert out["mean_acceptance_length"] == pytest.approx(1 + 6 / 4)
-    assert out["draft_acceptance_rate"] == pytest.approx(6 / 11)
-    assert out["per_step_accepted"] == [2, 0, 3, 1] and out["per_step_drafted"] == [3, 3, 3, 2]
-    assert "per_step_accepted" not in RequestAcceptance(3, detailed=False).as_json()
