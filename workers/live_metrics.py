@@ -1,5 +1,5 @@
 """Live acceptance of a served deployment: the worker scrapes its engine's Prometheus
-``/metrics`` (vLLM's counters; the local engine exports the same names), stores each
+``/metrics`` (vLLM's counters, on either runtime), stores each
 interval's deltas as one point of the deployment's series, and raises the drift alert.
 
 - The counters of one scrape are read by the evaluation's parser

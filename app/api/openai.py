@@ -178,8 +178,8 @@ def upstream_body(raw: bytes, body: dict[str, Any], stream: bool) -> tuple[bytes
     streaming (to record usage). Also: did the client ask for usage itself?
 
     An omitted ``max_tokens`` is left to the engine: a default of the gateway's cap would be
-    refused by a model whose context has less room than that (vLLM and the local engine answer
-    400 when prompt + max_tokens is over the context length)."""
+    refused by a model whose context has less room than that (vLLM answers 400
+    when prompt + max_tokens is over the context length)."""
     if not stream:
         return raw, False
     options = body.get("stream_options")
@@ -272,7 +272,7 @@ def find_object(content: bytes, name: str) -> dict[str, Any] | None:
 
 def acceptance_length(metrics: Any) -> float | None:
     """The request's mean acceptance length, from the ``metrics.speculative_decoding`` that
-    vLLM adds with ``--per-request-spec-decode-metrics`` (the local engine too); None when
+    vLLM adds with ``--per-request-spec-decode-metrics`` (both runtimes); None when
     absent or when no step was drafted."""
     spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
     if not isinstance(spec, dict) or spec.get("num_spec_steps") == 0:

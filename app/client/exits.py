@@ -1,4 +1,4 @@
-"""The client's exit codes (documented in the README and docs/ci.md) and the one exception that
+"""The client's exit codes (documented in docs/cli.md and docs/ci.md) and the one exception that
 ends a command with one of them."""
 
 from __future__ import annotations

@@ -267,12 +267,12 @@ def build_plan(spec: dict[str, Any], paths: JobPaths, *, port: int | None = None
 
 
 # vLLM's prompt-lookup drafter, as the evaluation's n-gram baseline runs it (and the local
-# engine's equivalent): match the last 1-4 tokens earlier in the context, propose what followed.
+# runtime's too): match the last 1-4 tokens earlier in the context, propose what followed.
 NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
 
 
 def speculative_config(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``--speculative-config`` of a serve spec, the same JSON for vLLM and the local engine:
+    """The ``--speculative-config`` of a serve spec, the same JSON on both runtimes:
     ``{"method": "dflash", "model": DRAFTER, "num_speculative_tokens": N}``, ``{"method":
     "ngram", ...}`` (prompt lookup, no drafter), or None for the verifier alone (0 tokens)."""
     tokens = spec["num_speculative_tokens"]
@@ -284,7 +284,7 @@ def speculative_config(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # vLLM 0.33's per-request acceptance (``metrics.speculative_decoding`` in each response, the
-# final usage chunk of a stream); the local engine takes the same flag. Only with speculation.
+# final usage chunk of a stream); vLLM 0.32's CPU wheel has it too. Only with speculation.
 PER_REQUEST_METRICS = ["--per-request-spec-decode-metrics", "summary"]
 
 

@@ -1,4 +1,4 @@
-"""Issue 12's flywheel end to end on the CPU, with a real worker, the real local engine, a real
+"""Issue 12's flywheel end to end on the CPU, with a real worker, real vLLM (the CPU wheel), a real
 `specdeck api` gateway and the real `openai` SDK: drafter A (a demo job's checkpoint) is deployed
 with traffic capture on; 200 chat requests go through the gateway; the capture dataset holds the
 sampled rows (decrypted, they are the requests and their replies) and the live acceptance series

@@ -1,5 +1,5 @@
 """``Upstream``: a real, fast OpenAI-compatible server that the gateway tests and the gateway
-benchmark route to. It stands where a deployment's ``vllm serve`` (or the local engine) stands:
+benchmark route to. It stands where a deployment's ``vllm serve`` stands:
 it serves chat completions under any model name, streaming fixed tokens or not, with usage.
 
 It is a fixture we own, not a double of an external service: a raw ASGI app (no framework, so it

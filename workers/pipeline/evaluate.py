@@ -2,7 +2,7 @@
 
 The hidden-states server is stopped (its GPUs and memory are needed), then the job's best
 checkpoint is served with exactly a deployment's command (``build_serve``: ``vllm serve
---speculative-config dflash``, or the local engine) on the verifier's GPUs. Held-out prompts
+--speculative-config dflash``, or vLLM's CPU wheel on the local runtime) on the verifier's GPUs. Held-out prompts
 are sent to its ``/v1/chat/completions``, greedily and one at a time; the difference of the
 engine's speculative-decoding counters (``/metrics``) around them gives the mean acceptance
 length, ``1 + accepted / drafts``, and the acceptance rate at each draft position. With the

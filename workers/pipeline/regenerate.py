@@ -1,6 +1,6 @@
 """Stage: on-policy data. The verifier writes every reply itself.
 
-The verifier is served without speculation (``vllm serve VERIFIER``, or the local engine), and
+The verifier is served without speculation (``vllm serve VERIFIER``, on either runtime), and
 ``speculators regenerate-responses`` sends it the system and user turns of every conversation
 (an upload, or a public preset) and writes one row per reply with the exact prompt and
 completion token ids (``input_ids``, ``loss_mask``). prepare-data takes those rows as they are,
