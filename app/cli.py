@@ -197,6 +197,7 @@ def development_key(project: str) -> tuple[str, str]:
 def cmd_run(args: argparse.Namespace) -> int:
     """Development: migrate, then run the API and a worker together (app/supervise.py) until
     Ctrl-C, SIGTERM or SIGHUP; a child that dies is restarted."""
+    from app.runtimes.local import vllm_missing
     from app.supervise import Child, Supervisor
 
     _ensure_sqlite_dirs()
@@ -217,6 +218,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"-H 'Content-Type: application/json' -d '{body}'", flush=True)
     print("  Ctrl-C stops the API, the worker and everything they started (so do SIGTERM and "
           "SIGHUP).\n", flush=True)
+    if missing := vllm_missing():
+        print(f"  Note: {missing}.\n", flush=True)
     return 0 if Supervisor(children, env, stop_timeout=args.stop_timeout).run() else 1
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from app.db import session_scope
+from app.runtimes.local import vllm_missing
 from app.services.promotions import end_unfinished
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus, StaleJob, transition
@@ -99,6 +100,8 @@ def serve_once(ctx: JobContext, name: str, api_key: str) -> str:
 def serve(ctx: JobContext, name: str, api_key: str, restarts: int) -> None:
     """Serve until stopped; after each crash, restart after 2^n seconds (at most 60), up to
     ``deployment_max_restarts`` times, then give up."""
+    if ctx.spec.get("runtime") == "local" and (missing := vllm_missing()):
+        raise GaveUp(missing[0].upper() + missing[1:])
     while True:
         why = serve_once(ctx, name, api_key)
         restarts += 1

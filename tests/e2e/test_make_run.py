@@ -112,6 +112,39 @@ def test_specdeck_run_prints_the_same_key_on_every_start(tmp_path: Path) -> None
         run.kill()
 
 
+# A host with no vLLM (macOS, ARM: vLLM's CPU wheel is Linux x86_64 only), as Python sees it.
+HIDE_VLLM = """
+import importlib.abc, sys
+
+class NoVllm(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoVllm())
+"""
+
+
+def test_a_host_without_vllm_runs_the_control_plane_and_says_what_runs_the_local_runtime(
+        tmp_path: Path) -> None:
+    hidden = tmp_path / "no-vllm"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(HIDE_VLLM)
+    run = start(tmp_path, free_port(), env={"PYTHONPATH": str(hidden)}, args=("--no-demo",))
+    try:
+        run.wait_ready()
+        note = wait_for(lambda: re.search(r"Note: (.*)", run.output()), 30, "the note")
+        assert "no vLLM" in note.group(1) and "worker-cpu" in note.group(1), note.group(1)
+        assert len(re.findall(r"Note: ", run.output())) == 1
+        with httpx.Client(base_url=run.url, timeout=10) as client:
+            assert client.get("/api/me", headers={"Authorization": f"Bearer {run.key}"}
+                              ).status_code == 200
+        run.interrupt()
+    finally:
+        run.kill()
+
+
 # --- stopping and restarting under `specdeck run` -----------------------------------------------
 
 # The stages in which a job's hidden-states server (and then its trainer) run.

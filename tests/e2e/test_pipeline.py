@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -249,3 +250,23 @@ def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack,
     checkpoints = pg_api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
     assert checkpoints and all(c["evaluation"] is None for c in checkpoints)
     assert not event_seen(pg_api, job["id"], "evaluated")
+
+
+def test_a_verifier_vllm_cannot_load_fails_the_job_at_starting_verifier_with_its_log(
+        pg_api: Api, pg_stack: Stack, small_demo) -> None:
+    """Its config reads (the API accepts it), but its weights are cut short: vLLM exits while
+    loading them, and the job fails at starting_verifier, with vLLM's own lines saying why."""
+    broken = pg_stack.models_root / "broken"
+    shutil.copytree(pg_stack.models_root / "demo", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
+    job = submit(pg_api, {**small_demo, "verifier": "broken"}, epochs=1)
+    failed = pg_api.wait_status(job["id"], {"failed", "succeeded", "cancelled"}, timeout=240)
+    assert failed["status"] == "failed", failed
+    assert failed["error_code"] == "verifier_server_failed", failed
+    assert "exited with code" in failed["status_reason"], failed
+    final = pg_api.events(job["id"])[-1]
+    assert re.search(r"safetensor|Error", final["data"]["log_tail"]), final["data"]["log_tail"]
+    assert not event_seen(pg_api, job["id"], "process", "prepare-data")
+    wait_for(lambda: job_processes(job["id"]) == [], 15, "the server to be gone")

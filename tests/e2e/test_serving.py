@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import httpx
@@ -65,6 +66,44 @@ def counters(upstream: str) -> dict[str, float]:
     return values
 
 
+def running(upstream: str) -> float:
+    text = httpx.get(f"{upstream}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def requests_cut_by_a_crash(client: openai.OpenAI, upstream: str, deployment_id: str
+                            ) -> dict[str, object]:
+    """A long plain and a long streamed request on the engine; SIGKILL of the engine's processes
+    once both run. Returns what each got (an exception, or "completed")."""
+    outcomes: dict[str, object] = {}
+    long = {"model": "demo-dflash", "max_tokens": 1500, "temperature": 0,
+            "messages": [{"role": "user", "content": PROMPTS[0]}],
+            "extra_body": {"ignore_eos": True}}
+
+    def send(kind: str) -> None:
+        try:
+            if kind == "stream":
+                for _ in client.chat.completions.create(**long, stream=True):
+                    pass
+            else:
+                client.chat.completions.create(**long)
+            outcomes[kind] = "completed"
+        except openai.APIError as exc:
+            outcomes[kind] = exc
+
+    threads = [threading.Thread(target=send, args=(kind,)) for kind in ("plain", "stream")]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: running(upstream) >= 2, 60, "both requests on the engine")
+    for pid in job_processes(deployment_id):
+        os.kill(pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a request hung"
+    return outcomes
+
+
 def deploy(api: Api, body: dict) -> dict:
     created = api.post("/api/deployments", json=body)
     assert created.status_code == 201, created.text
@@ -114,9 +153,13 @@ def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack,
     wait_for(lambda: (pg_stack.scalar("SELECT sum(completion_tokens) FROM usage") or 0) > 0, 60,
              "the usage rows")
 
-    # A crash: the engine dies, the worker restarts it with backoff, and it serves again.
-    for pid in job_processes(deployment["id"]):
-        os.kill(pid, signal.SIGKILL)
+    # A crash mid-request: the engine dies with a plain and a streamed request on it; each gets
+    # an OpenAI-shaped error, never a hang; the worker restarts it with backoff; it serves again.
+    outcomes = requests_cut_by_a_crash(client, upstream, deployment["id"])
+    plain, streamed = outcomes["plain"], outcomes["stream"]
+    assert isinstance(plain, openai.APIStatusError) and plain.status_code in (502, 503), plain
+    assert plain.body["code"] in ("upstream_error", "upstream_unavailable"), plain.body
+    assert isinstance(streamed, openai.APIError) and streamed.body["code"] == "upstream_error", streamed
     restarted = wait_for(lambda: (d := pg_api.get(f"/api/deployments/{deployment['id']}").json())
                          ["restarts"] == 1 and d["status"] == "ready" and d, 180, "the restart")
     events = pg_stack.scalar("SELECT count(*) FROM deployment_events WHERE deployment_id = :id "

@@ -228,3 +228,23 @@ def test_a_warm_start_loads_the_checkpoint_with_from_pretrained(runtime: str) ->
 
     cold = build_plan(spec(runtime=runtime), PATHS, port=8123).stage("training").argv
     assert "--from-pretrained" not in cold and flag(cold, "--num-layers") == "5"
+
+
+def test_a_worker_without_vllm_fails_local_jobs_and_deployments_with_one_clear_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU wheel is Linux x86_64 only: elsewhere a local job stops at preflight, and a
+    local deployment gives up at once, saying what runs the local runtime."""
+    from types import SimpleNamespace
+
+    from app.runtimes.local import NO_VLLM
+    from workers import deployments
+    from workers.pipeline import preflight
+    from workers.runner import StageFailed
+
+    monkeypatch.setattr(preflight, "vllm_missing", lambda: NO_VLLM)
+    monkeypatch.setattr(deployments, "vllm_missing", lambda: NO_VLLM)
+    with pytest.raises(StageFailed) as failed:
+        preflight.preflight(SimpleNamespace(spec={"runtime": "local"}))
+    assert failed.value.code == "vllm_missing" and "worker-cpu" in str(failed.value)
+    with pytest.raises(deployments.GaveUp, match="worker-cpu"):
+        deployments.serve(SimpleNamespace(spec={"runtime": "local"}), "demo", "key", 0)

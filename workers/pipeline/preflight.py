@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from app.runtimes import JobPaths, data_settings, dataset_file, server_layer_ids
+from app.runtimes.local import vllm_missing
 from workers.pipeline.data import write_captured
 from workers.runner import JobContext, StageFailed
 
@@ -48,6 +49,8 @@ def estimates(spec: dict[str, Any], data: Path) -> dict[str, float]:
 
 def preflight(ctx: JobContext) -> None:
     spec = ctx.spec
+    if spec["runtime"] == "local" and (missing := vllm_missing()):
+        raise StageFailed(missing[0].upper() + missing[1:], code="vllm_missing")
     write_captured(ctx)
     data = source_data(spec, ctx.paths)
     if not data.is_file():
