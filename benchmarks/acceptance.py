@@ -15,8 +15,9 @@ On held-out prompts the training never saw, in one run:
 Given nothing, it is the new user's path: ``specdeck run`` in an empty directory (the embedded
 default: SQLite, a real API and worker; it creates the demo verifier and data), the demo job it
 prints submitted over HTTP and followed to ``succeeded``, then that job's chosen checkpoint
-measured. The time from ``specdeck run`` to the job's success is printed too (the README's
-"make run" promise, without the package install).
+measured. Before that, the checkpoint is deployed and one chat goes through the gateway: the
+times from ``specdeck run`` to the job's success and to that first chat are printed too (the
+README's "make run" promise, without the package install).
 
     .venv/bin/python benchmarks/acceptance.py [--json]
     .venv/bin/python benchmarks/acceptance.py --drafter CKPT_DIR --verifier DIR [--trainer-eal X]
@@ -83,6 +84,12 @@ def run_demo_job(base: Path) -> dict[str, Any]:
                                    + client.get(f"/api/jobs/{job_id}/logs").text[-3000:])
             checkpoints = client.get(f"/api/jobs/{job_id}/checkpoints").json()["data"]
             events = client.get(f"/api/jobs/{job_id}/events", params={"limit": 100}).json()["data"]
+            first_chat = deploy_and_chat(client, job["evaluation"]["checkpoint_id"])
+            chatted = time.monotonic()
+            # One engine at a time from here: the deployment makes way for the measurement.
+            client.delete(f"/api/deployments/{first_chat['deployment_id']}")
+            _wait(lambda: client.get(f"/api/deployments/{first_chat['deployment_id']}")
+                  .json()["status"] == "stopped", 120, "the deployment to stop")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 15)
@@ -94,10 +101,35 @@ def run_demo_job(base: Path) -> dict[str, Any]:
         "verifier": str(base / "var" / "models" / body["verifier"]),
         "drafter": chosen["path"],
         "trainer_eal": (chosen["metrics"] or {}).get("eal_epoch"),
+        "first_chat": first_chat["reply"],
         "seconds": {"specdeck_run_to_api_ready": round(ready - started, 1),
                     "job": round(finished - ready, 1),
-                    "specdeck_run_to_job_succeeded": round(finished - started, 1)},
+                    "specdeck_run_to_job_succeeded": round(finished - started, 1),
+                    "deploy_to_first_chat": round(chatted - finished, 1),
+                    "specdeck_run_to_first_chat": round(chatted - started, 1)},
     }
+
+
+def deploy_and_chat(client: Any, checkpoint_id: str) -> dict[str, Any]:
+    """Deploy the chosen checkpoint (POST /api/deployments), wait until it is ready, and send one
+    chat completion through the gateway (/v1), as the README's quick start goes on."""
+    created = client.post("/api/deployments", json={"name": "demo-dflash",
+                                                    "checkpoint_id": checkpoint_id})
+    created.raise_for_status()
+    deployment_id = created.json()["id"]
+
+    def ready() -> bool:
+        status = client.get(f"/api/deployments/{deployment_id}").json()["status"]
+        if status == "failed":
+            raise RuntimeError(f"the deployment failed: {client.get(f'/api/deployments/{deployment_id}').text}")
+        return status == "ready"
+    _wait(ready, 600, "the deployment")
+    reply = client.post("/v1/chat/completions", json={
+        "model": "demo-dflash", "max_tokens": 32, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    reply.raise_for_status()
+    return {"deployment_id": deployment_id,
+            "reply": reply.json()["choices"][0]["message"]["content"]}
 
 
 def _printed_job(proc: subprocess.Popen, log: Path, timeout: float) -> tuple[str, dict]:
@@ -311,7 +343,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"demo job {job['job']['id']}: {json.dumps(job['job']['evaluation'])}")
             print(f"specdeck run -> API ready {seconds['specdeck_run_to_api_ready']} s; the demo "
                   f"job {seconds['job']} s; specdeck run -> job succeeded "
-                  f"{seconds['specdeck_run_to_job_succeeded']} s\n")
+                  f"{seconds['specdeck_run_to_job_succeeded']} s; deploy -> first chat "
+                  f"{seconds['deploy_to_first_chat']} s; specdeck run -> first chat through the "
+                  f"gateway {seconds['specdeck_run_to_first_chat']} s ({job['first_chat']!r})\n")
         else:
             verifier, drafter, trainer_eal = args.verifier, args.drafter, args.trainer_eal
         from workers.runtimes.local.demo import demo_prompts  # not in the demo dataset

@@ -33,8 +33,9 @@ REAL_PIPELINE = {"SPECDECK_PIPELINE": "workers.pipeline:PIPELINE",
 CPU_SPECULATOR = {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512}
 
 
-def submit(api: Api, demo: dict[str, str], epochs: int) -> dict:
-    body = {**demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": epochs}}
+def submit(api: Api, demo: dict[str, str], epochs: int, **fields: object) -> dict:
+    body = {**demo, "runtime": "local", "speculator": {**CPU_SPECULATOR, "epochs": epochs},
+            **fields}
     response = api.post("/api/jobs", json=body)
     assert response.status_code == 201, response.text
     return response.json()
@@ -161,7 +162,7 @@ def assert_evaluated(api: Api, job_id: str, checkpoints: list[dict], events: lis
 def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch_checkpoint(
         pg_api: Api, pg_stack: Stack, small_demo) -> None:
     first = pg_stack.start_worker("stopped", **REAL_PIPELINE)
-    job = submit(pg_api, small_demo, epochs=2)
+    job = submit(pg_api, small_demo, epochs=2, evaluate=False)  # resuming is what is tested
     wait_for(lambda: event_seen(pg_api, job["id"], "checkpoint", "epoch 0 saved"), 400,
              "the first epoch's checkpoint")
     running = job_processes(job["id"])
@@ -261,7 +262,7 @@ def test_a_verifier_vllm_cannot_load_fails_the_job_at_starting_verifier_with_its
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:4096])
     pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
-    job = submit(pg_api, {**small_demo, "verifier": "broken"}, epochs=1)
+    job = submit(pg_api, {**small_demo, "verifier": "broken"}, epochs=1, evaluate=False)
     failed = pg_api.wait_status(job["id"], {"failed", "succeeded", "cancelled"}, timeout=240)
     assert failed["status"] == "failed", failed
     assert failed["error_code"] == "verifier_server_failed", failed
