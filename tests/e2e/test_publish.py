@@ -80,7 +80,8 @@ def test_a_job_publishes_to_the_hub_and_the_token_never_leaks(pg_api: Api, pg_st
         assert (f"| Acceptance rate per position | {_fmt(evaluation['acceptance_rate_per_position'])} |"
                 in section)
         assert f"| Prompts | {evaluation['prompts']} (validation split)" in section
-        assert "| Runtime | local (local DFlash engine (CPU)" in section
+        assert ("| Runtime | local (vLLM with the DFlash drafter (CPU), evaluating the trained "
+                "drafter) |") in section
         assert hub.repo(REPO)["private"] is True
         commits = len(hub.commits(REPO))
         assert best["publish_status"] == "published" and best["hub_commit"]

@@ -185,7 +185,7 @@ def test_card_of_a_checkpoint_shows_its_recorded_evaluation(checkpoint: Path) ->
         "## Training metrics (the trainer's estimates)")
     assert "| Acceptance rate per position | [0.75, 0.4375, 0.125] |" in evaluation
     assert "| Prompts | 8 (validation split), greedy, at most 64 new tokens each |" in evaluation
-    assert "| Runtime | local (local DFlash engine (CPU), evaluating the best checkpoint) |" in evaluation
+    assert "| Runtime | local (vLLM with the DFlash drafter (CPU), evaluating the trained drafter) |" in evaluation
     assert "| Output tokens/s | 14.8 |" in evaluation
     assert "ckpt_1" not in text  # internal ids stay out of the card
     assert card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=RECORDED), job, REPO_ID) == text

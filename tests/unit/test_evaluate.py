@@ -186,7 +186,7 @@ def test_the_plan_shows_the_evaluation_unless_it_is_skipped() -> None:
 
 
 EVALUATION = {"checkpoint_id": "ckpt_1", "epoch": 1, "runtime": "local",
-              "engine": "local DFlash engine (CPU), evaluating the best checkpoint", "prompts": 8,
+              "engine": "vLLM with the DFlash drafter (CPU), evaluating the trained drafter", "prompts": 8,
               "requested_prompts": 8, "prompt_source": "validation split", "max_tokens": 64,
               "temperature": 0, "num_speculative_tokens": 3, "mean_acceptance_length": 2.3125,
               "acceptance_rate_per_position": [0.75, 0.4375, 0.125], "draft_acceptance_rate": 0.4375,
@@ -310,7 +310,7 @@ def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
         "Served mean acceptance length": 2.3125,
         "Acceptance rate per position": [0.75, 0.4375, 0.125],
         "Drafted tokens accepted": 0.4375,
-        "Runtime": "local (local DFlash engine (CPU), evaluating the best checkpoint)",
+        "Runtime": "local (vLLM with the DFlash drafter (CPU), evaluating the trained drafter)",
         "Prompts": "8 (validation split), greedy, at most 64 new tokens each",
         "Speculative tokens per step": 3,
         "Completion tokens": 37,
