@@ -42,12 +42,21 @@ FAST_WORKER_ENV = {
 
 # --- no process outlives its owner -------------------------------------------------------------
 
+def xdist_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (``make test`` runs two): the controlling pytest owns the session,
+    so its processes carry the controller's session mark, and the controller checks them."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    processes.begin_session()
+    if not xdist_worker(config):
+        processes.begin_session()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """A killed earlier run left processes behind: stop them before they skew this one."""
+    if xdist_worker(session.config):
+        return
     if orphans := processes.orphans_of_dead_sessions():
         print(f"\nstopping {len(orphans)} process(es) left by a test session that no longer "
               f"runs:\n{processes.describe(orphans)}", flush=True)
@@ -57,6 +66,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite fails if anything it started still runs, and names it."""
+    if xdist_worker(session.config):
+        return
     left = processes.wait_gone(processes.SESSION_ENV, os.environ[processes.SESSION_ENV],
                                processes.EXIT_GRACE)
     if left:
@@ -65,6 +76,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"it ended (now stopped):\n{processes.describe(left)}", red=True)
         processes.stop(left)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- the order of the suite, and its work units under pytest-xdist ---------------------------------
+
+ORDER = ("e2e", "local_runtime", "integration", "unit")  # the longest tests first
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow directories first, so that under pytest-xdist the many short tests fill in at
+    the end; and the work units pytest-xdist's ``loadgroup`` hands out: a test alone where it
+    shares nothing with its neighbours (most end-to-end tests), else its module (fixtures of
+    module scope are set up once), and tests/local_runtime/ whole (one vLLM server for it)."""
+    def directory(item: pytest.Item) -> str:
+        return item.path.parent.name
+
+    items.sort(key=lambda item: ORDER.index(directory(item)) if directory(item) in ORDER
+               else len(ORDER))
+    for item in items:
+        if directory(item) == "local_runtime":
+            group = "local_runtime"
+        elif directory(item) == "e2e" and not any(
+                fixture.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()
+                for fixture in defs):
+            continue
+        else:
+            group = str(item.path.relative_to(config.rootpath))
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
