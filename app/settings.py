@@ -130,8 +130,9 @@ class Settings(BaseSettings):
     drift_min_drafts: int = Field(default=1000, ge=1)
 
     # The OpenAI-compatible gateway (/v1). Auth and routing are cached in memory for a few
-    # seconds (a revoked key or a changed deployment is seen within that); the rate limit is a
-    # token bucket per API key in each API process (0 disables it); usage rows are written in
+    # seconds (a changed deployment is seen within that; a revoked key too where no Redis
+    # announces it); the rate limit is one bucket per API key, in Redis for every API process
+    # when the broker is Redis, else in the process (0 disables it); usage rows are written in
     # batches every gateway_usage_flush_seconds.
     gateway_auth_cache_seconds: float = Field(default=5.0, gt=0)
     gateway_route_cache_seconds: float = Field(default=1.0, gt=0)

@@ -102,7 +102,7 @@ async def authenticate(gateway: Gateway, header: str | None) -> Caller:
     if caller is None:
         raise APIError(401, "Invalid API key", code="invalid_api_key", headers=_WWW_AUTH)
     if gateway.limiter.enabled:
-        wait = gateway.limiter.take(caller.key_id)
+        wait = await gateway.limiter.take(caller.key_id)
         if wait is not None:
             raise APIError(429, "Rate limit exceeded for this API key; retry after the number of "
                            "seconds in Retry-After", code="rate_limit_exceeded",

@@ -5,9 +5,11 @@ may call, and what they used. Everything on the request path is in memory.
   the routing table (project -> its deployments by name; about a second). A hit is a dict lookup.
   An entry past half its TTL is refreshed in the background while it keeps answering, so steady
   traffic never waits on the database; one past its TTL is reloaded before answering (one load
-  per key at a time, in a thread). A revoked key or a changed deployment is seen within the TTL.
-* ``RateLimiter``: a token bucket per API key, in this process (``specdeck api --workers N``
-  gives each process its own buckets, so a key gets up to N times the rate).
+  per key at a time, in a thread). A changed deployment is seen within the TTL, and so is a
+  revoked key where no Redis announces it.
+* The rate limit per API key (``app.services.limits``): one bucket in Redis for every API
+  process when the broker is Redis, else in this process; revocations announced on Redis drop
+  a key from every process's auth cache at once.
 * ``UsageRecorder``: usage rows buffered in memory and inserted in batches by a background task
   (every ``gateway_usage_flush_seconds``, and at shutdown), in a thread: the event loop never
   waits on the database. ``CaptureRecorder``: the same (``BatchWriter``) for the requests
@@ -43,7 +45,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.db import session_scope
 from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
-from app.services import capture
+from app.services import capture, limits
 from app.services.capture import Sampled
 from app.services.keys import hash_key
 from app.services.secrets import cipher
@@ -67,6 +69,9 @@ class TTLCache(Generic[K, V]):
         self.refresh_after = ttl / 2
         self._entries: dict[K, tuple[float, V]] = {}
         self._loading: dict[K, asyncio.Future[V]] = {}
+        # When a key being loaded (None: every key) was invalidated: a load that started
+        # before that answers its waiters but is not kept.
+        self._invalidated: dict[K | None, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def get(self, key: K) -> V:
@@ -95,9 +100,11 @@ class TTLCache(Generic[K, V]):
         try:
             started = time.monotonic()
             value = await anyio.to_thread.run_sync(self.loader, key)
-            if len(self._entries) >= self.max_entries:
-                self._evict()
-            self._entries[key] = (started, value)
+            if started > max(self._invalidated.get(key, 0.0), self._invalidated.get(None, 0.0)):
+                if len(self._entries) >= self.max_entries:
+                    self._evict()
+                self._entries[key] = (started, value)
+                self._invalidated.pop(key, None)
             future.set_result(value)
         except BaseException as exc:
             if not future.done():
@@ -120,10 +127,14 @@ class TTLCache(Generic[K, V]):
             self._entries.clear()
 
     def invalidate(self, key: K | None = None) -> None:
+        """Forget ``key`` (None: every key), and any load of it already under way."""
         if key is None:
             self._entries.clear()
+            self._invalidated = {None: time.monotonic()}
         else:
             self._entries.pop(key, None)
+            if key in self._loading:
+                self._invalidated[key] = time.monotonic()
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
@@ -237,36 +248,6 @@ def upstream_target(base_url: str | None, key: str | None, path: str
 
 
 # --- rate limit --------------------------------------------------------------------------------
-
-class RateLimiter:
-    """A token bucket per key: ``rpm`` requests a minute on average, up to ``burst`` at once."""
-
-    def __init__(self, rpm: float, burst: int) -> None:
-        self.rate = rpm / 60.0
-        self.burst = float(max(1, burst))
-        self._buckets: dict[str, list[float]] = {}  # key id -> [tokens, updated]
-
-    @property
-    def enabled(self) -> bool:
-        return self.rate > 0
-
-    def take(self, key_id: str) -> float | None:
-        """None if the request may go; otherwise the seconds until it could."""
-        now = time.monotonic()
-        bucket = self._buckets.get(key_id)
-        if bucket is None:
-            if len(self._buckets) > 100_000:
-                self._buckets.clear()
-            self._buckets[key_id] = [self.burst - 1.0, now]
-            return None
-        tokens = min(self.burst, bucket[0] + (now - bucket[1]) * self.rate)
-        bucket[1] = now
-        if tokens >= 1.0:
-            bucket[0] = tokens - 1.0
-            return None
-        bucket[0] = tokens
-        return (1.0 - tokens) / self.rate
-
 
 # --- batched writes: usage, capture ------------------------------------------------------------
 
@@ -558,8 +539,7 @@ class Gateway:
             load_caller, settings.gateway_auth_cache_seconds)
         self.routes: TTLCache[str, ProjectRoutes] = TTLCache(
             routes_loader(settings), settings.gateway_route_cache_seconds)
-        self.limiter = RateLimiter(settings.gateway_rate_limit_rpm,
-                                   settings.gateway_rate_limit_burst)
+        self.limiter = limits.rate_limiter(settings)
         self.usage = UsageRecorder(settings.gateway_usage_flush_seconds)
         self.capture = CaptureRecorder(settings.gateway_capture_flush_seconds,
                                        settings.gateway_capture_queue_rows, cipher(settings))
@@ -573,6 +553,9 @@ class Gateway:
         if not self._flushers:
             loop = asyncio.get_running_loop()
             self._flushers = [loop.create_task(w.run()) for w in (self.usage, self.capture)]
+            if url := limits.redis_url(self.settings):
+                self._flushers.append(loop.create_task(
+                    limits.follow_revocations(url, self.callers.invalidate)))
 
     async def aclose(self) -> None:
         for flusher in self._flushers:
@@ -586,6 +569,7 @@ class Gateway:
         await self.callers.aclose()
         await self.routes.aclose()
         await self.client.aclose()
+        await self.limiter.aclose()
 
     async def caller(self, raw_key: str) -> Caller | None:
         return await self.callers.get(hash_key(raw_key))

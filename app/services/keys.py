@@ -7,15 +7,15 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey, Project, utcnow
 from app.errors import APIError, not_found
 from app.roles import ROLES
 from app.schemas.keys import KeyOut
-from app.services import quotas
-from app.settings import Settings
+from app.services import limits, quotas
+from app.settings import Settings, get_settings
 
 KEY_PREFIX = "sdk-"
 VISIBLE_CHARS = 12
@@ -112,9 +112,10 @@ def list_keys(session: Session, project_id: str, *, limit: int,
 
 
 def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
-    """Revoked at once for /api; idempotent (a revoked key keeps its first revoked_at). A
-    project keeps at least one admin key: its last active one is refused (409 ``last_key``). The
-    project's row is locked first, so two requests cannot revoke its last two keys together."""
+    """Revoked at once for /api, and for /v1 once committed (announced to every API process:
+    app.services.limits); idempotent (a revoked key keeps its first revoked_at). A project keeps
+    at least one admin key: its last active one is refused (409 ``last_key``). The project's row
+    is locked first, so two requests cannot revoke its last two keys together."""
     quotas.lock_project(session, project_id)
     key = session.scalars(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == project_id)
                           .with_for_update()).first()
@@ -132,6 +133,9 @@ def revoke_key(session: Session, project_id: str, key_id: str) -> ApiKey:
                            "revoke this one", code="last_key", param="key_id")
         key.revoked_at = utcnow()
         session.flush()
+        key_hash, settings = key.key_hash, get_settings()
+        event.listen(session, "after_commit",
+                     lambda _: limits.announce_revoked(settings, key_hash), once=True)
     return key
 
 

@@ -1,0 +1,172 @@
+"""Per-key rate limits and key revocations, shared by every API process.
+
+With Redis (the broker of a Postgres + Redis install, ``SPECDECK_BROKER_URL=redis://...``):
+
+* a key's rate limit is one bucket in Redis, checked and updated by one atomic script on Redis's
+  own clock (GCRA: the bucket is the time at which it is next full), so any number of API
+  processes, on any number of hosts, enforce exactly one limit per key;
+* a revoked key is announced on a Redis channel once its revocation is committed; every API
+  process's gateway listens and drops the key from its auth cache at once (and its whole auth
+  cache when it had to reconnect, since it may have missed an announcement).
+
+Without Redis (the embedded SQLite default: one API process) the bucket lives in the process,
+and a revoked key is refused by the gateway within its auth cache's TTL.
+
+Redis unreachable: the gateway **fails open**. A request goes on without a limit (with a warning
+at most every 30 s), so an outage of the limiter never becomes an outage of the gateway; the
+auth cache's TTL still bounds how long a revoked key is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+import redis.asyncio as aioredis
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REVOKED_CHANNEL = "specdeck:revoked-keys"
+BUCKET_PREFIX = "specdeck:rate:"
+TIMEOUT = 0.5  # seconds: a slow Redis costs a request at most this, then it fails open
+WARN_EVERY = 30.0
+
+# KEYS[1]: the key's bucket, the time (µs, Redis's clock) at which it is next full (its
+# "theoretical arrival time"); ARGV[1]: µs per request at the limit; ARGV[2]: the burst's
+# tolerance, (burst - 1) x ARGV[1]. Returns 0 (take it) or the µs until a request may go.
+GCRA = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+if now < tat - tolerance then return math.ceil(tat - tolerance - now) end
+local next_tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%d', next_tat), 'PX', math.ceil((next_tat - now) / 1000) + 1)
+return 0
+"""
+
+
+def redis_url(settings: Settings) -> str | None:
+    """Where limits and revocations are shared: the broker, when it is Redis."""
+    url = settings.broker_url
+    return url if url.startswith(("redis://", "rediss://", "unix://")) else None
+
+
+class LocalRateLimiter:
+    """A token bucket per key, in this process: ``rpm`` requests a minute on average, up to
+    ``burst`` at once."""
+
+    def __init__(self, rpm: float, burst: int) -> None:
+        self.rate = rpm / 60.0
+        self.burst = float(max(1, burst))
+        self._buckets: dict[str, list[float]] = {}  # key id -> [tokens, updated]
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+    async def take(self, key_id: str) -> float | None:
+        """None if the request may go; otherwise the seconds until it could."""
+        now = time.monotonic()
+        bucket = self._buckets.get(key_id)
+        if bucket is None:
+            if len(self._buckets) > 100_000:
+                self._buckets.clear()
+            self._buckets[key_id] = [self.burst - 1.0, now]
+            return None
+        tokens = min(self.burst, bucket[0] + (now - bucket[1]) * self.rate)
+        bucket[1] = now
+        if tokens >= 1.0:
+            bucket[0] = tokens - 1.0
+            return None
+        bucket[0] = tokens
+        return (1.0 - tokens) / self.rate
+
+    async def aclose(self) -> None:
+        return None
+
+
+class RedisRateLimiter:
+    """The same limit, one bucket per key in Redis for every API process (GCRA above)."""
+
+    def __init__(self, url: str, rpm: float, burst: int) -> None:
+        self.enabled = rpm > 0
+        self.interval_us = round(60_000_000 / rpm) if rpm > 0 else 0
+        self.tolerance_us = self.interval_us * (max(1, burst) - 1)
+        self.client = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT,
+                                              socket_connect_timeout=TIMEOUT)
+        self.script = self.client.register_script(GCRA)
+        self._warned = 0.0
+
+    async def take(self, key_id: str) -> float | None:
+        try:
+            wait_us = await self.script(keys=[BUCKET_PREFIX + key_id],
+                                        args=[self.interval_us, self.tolerance_us])
+        except (redis.RedisError, OSError) as exc:
+            if time.monotonic() - self._warned > WARN_EVERY:
+                self._warned = time.monotonic()
+                log.warning("the rate limit's Redis cannot be reached (%s: %s): requests go on "
+                            "without a limit until it can", type(exc).__name__, exc)
+            return None
+        return int(wait_us) / 1e6 if wait_us else None
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def rate_limiter(settings: Settings) -> LocalRateLimiter | RedisRateLimiter:
+    url = redis_url(settings)
+    if url is None:
+        return LocalRateLimiter(settings.gateway_rate_limit_rpm, settings.gateway_rate_limit_burst)
+    return RedisRateLimiter(url, settings.gateway_rate_limit_rpm, settings.gateway_rate_limit_burst)
+
+
+# --- revocations --------------------------------------------------------------------------------
+
+def announce_revoked(settings: Settings, key_hash: str) -> None:
+    """Tell every API process that the key with this hash is revoked (after the commit). Best
+    effort: without Redis, each process sees it within its auth cache's TTL."""
+    url = redis_url(settings)
+    if url is None:
+        return
+    try:
+        with redis.Redis.from_url(url, socket_timeout=TIMEOUT,
+                                  socket_connect_timeout=TIMEOUT) as client:
+            client.publish(REVOKED_CHANNEL, key_hash)
+    except (redis.RedisError, OSError) as exc:
+        log.warning("could not announce a revoked key (%s: %s): API processes refuse it within "
+                    "their auth cache's TTL", type(exc).__name__, exc)
+
+
+async def follow_revocations(url: str, revoked: Callable[[str | None], None]) -> None:
+    """Call ``revoked(key_hash)`` for each announced revocation, until cancelled; after each
+    (re)connection ``revoked(None)``: announcements may have been missed meanwhile."""
+    delay = 0.5
+    while True:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=TIMEOUT)
+        try:
+            async with client.pubsub() as pubsub:
+                await pubsub.subscribe(REVOKED_CHANNEL)
+                revoked(None)
+                delay = 0.5
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    if message is not None:
+                        data = message["data"]
+                        revoked(data.decode() if isinstance(data, bytes) else str(data))
+        except (redis.RedisError, OSError) as exc:
+            log.warning("not following key revocations (%s: %s); retrying in %.0f s",
+                        type(exc).__name__, exc, delay)
+        finally:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
