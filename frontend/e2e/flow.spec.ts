@@ -79,6 +79,10 @@ test.describe.serial("the demo flow", () => {
     if (options.evaluate) {
       await fillIfPresent(page, /^(evaluation )?prompts$/i, "4");
       await fillIfPresent(page, /^(evaluation )?max (new )?tokens$/i, "32");
+      // The served acceptance length is what the flow checks: no baseline servers (each is a
+      // vLLM start on the CPU), unticked as a user in a hurry would.
+      await page.getByLabel(/^Measure the speedup/).setChecked(false);
+      await page.getByLabel(/^Compare with n-gram/).setChecked(false);
     }
     await page.getByRole("button", { name: "Create job" }).click();
     await expect(page).toHaveURL(/\/jobs\/job_[0-9a-f]+$/, { timeout: 30_000 });
@@ -149,6 +153,10 @@ test.describe.serial("the demo flow", () => {
           { message: "the job's stage changes on the page", timeout: 6 * 60_000, intervals: [250] },
         )
         .toBeGreaterThanOrEqual(2);
+      // The stage strip: this job's stages in order, the one under way marked as the current step.
+      const strip = page.getByRole("list", { name: "Pipeline stages" });
+      await expect(strip.getByRole("listitem")).toHaveText(["Start verifier", "Prepare data", "Train", "Evaluate"]);
+      await expect(strip.locator('[aria-current="step"]')).toHaveCount(1, { timeout: 30_000 });
       await expect
         .poll(() => events.count(), { message: "the event timeline grows", timeout: 5 * 60_000 })
         .toBeGreaterThan(first);
@@ -175,6 +183,7 @@ test.describe.serial("the demo flow", () => {
       await expect(page.getByRole("region", { name: "Served acceptance", exact: true })).toContainText(/\d\.\d/);
       const progress = page.getByRole("progressbar", { name: "Training progress" });
       await expect(page.locator(".job-head .progress")).toContainText(/^trained: (\d+) of \1 steps$/);
+      await expect(page.getByRole("list", { name: "Pipeline stages" }).locator('[data-state="done"]')).toHaveCount(4);
       expect(await progress.getAttribute("value")).toBe(await progress.getAttribute("max")); // full
     });
   });
@@ -321,6 +330,17 @@ test.describe.serial("the demo flow", () => {
       await page.getByRole("button", { name: "Cancel job" }).click();
       await expect(status).toHaveText(/cancelled/i, { timeout: 2 * 60_000 });
     });
+
+    await test.step("13b. the jobs list's status filter is in the URL: a reload keeps it", async () => {
+      await page.goto("/jobs");
+      await page.getByLabel("Status", { exact: true }).selectOption("cancelled");
+      await expect(page).toHaveURL(/\/jobs\?status=cancelled$/);
+      await page.reload();
+      await expect(page.getByLabel("Status", { exact: true })).toHaveValue("cancelled");
+      const rows = page.getByRole("table").getByRole("row").filter({ has: page.locator("td") });
+      await expect(rows.first()).toContainText("cancelled");
+      await expect(rows.filter({ hasNotText: "cancelled" })).toHaveCount(0);
+    });
   });
 
   test("a dataset in use cannot be deleted", async () => {
@@ -407,6 +427,18 @@ test.describe.serial("settings", () => {
       acceptNextDialog(page);
       await webhooks.getByRole("button", { name: `Delete webhook ${HOOK}` }).click();
       await expect(webhooks.getByRole("row").filter({ hasText: HOOK })).toHaveCount(0);
+    });
+  });
+
+  test("a page for something that does not exist", async () => {
+    await test.step("14b. a deployment id that does not exist: not found, nothing to try again", async () => {
+      await page.goto("/deployments/dep_000000000000000000000000");
+      const alert = page.getByRole("alert");
+      await expect(alert).toContainText("Not found.");
+      await expect(alert).toContainText("dep_000000000000000000000000");
+      await expect(alert).not.toContainText("Something went wrong");
+      await expect(alert.getByRole("button", { name: "Try again" })).toHaveCount(0);
+      await page.screenshot({ path: screenshotPath("missing-deployment", 1280, 800), fullPage: true });
     });
   });
 

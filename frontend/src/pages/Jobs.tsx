@@ -1,5 +1,4 @@
-import { useState } from "react";
-import { Link } from "react-router-dom";
+import { Link, useSearchParams } from "react-router-dom";
 import { useQuery } from "@tanstack/react-query";
 import { api, must, type Job, type Schemas } from "../api/client";
 import { Pager, useCursor } from "../components/pager";
@@ -50,7 +49,10 @@ function JobRow({ job }: { job: Job }) {
 }
 
 export default function Jobs() {
-  const [status, setStatus] = useState<JobStatus | "">("");
+  // The filter lives in the URL (?status=running): a reload or a shared link keeps it.
+  const [params, setParams] = useSearchParams();
+  const wanted = params.get("status") ?? "";
+  const status: JobStatus | "" = wanted in STATUSES ? (wanted as JobStatus) : "";
   const cursor = useCursor();
   const jobs = useQuery({
     queryKey: ["jobs", status, cursor.after],
@@ -75,7 +77,7 @@ export default function Jobs() {
             id="jobs-status"
             value={status}
             onChange={(e) => {
-              setStatus(e.target.value as JobStatus | "");
+              setParams(e.target.value ? { status: e.target.value } : {}, { replace: true });
               cursor.reset();
             }}
           >

@@ -141,7 +141,7 @@ export default function NewJob() {
     );
   }
 
-  function checkField(key: "shareGpus" | "gateBeatNgram", param: string, label: string) {
+  function checkField(key: "shareGpus" | "gateBeatNgram" | "evalBaseline" | "evalNgram", param: string, label: string) {
     return (
       <label className="check">
         <input
@@ -374,10 +374,14 @@ export default function NewJob() {
                 </small>
               )}
               {form.evaluate && (
-                <div className="grid2">
-                  {numberField("evalPrompts", "Held-out prompts served")}
-                  {numberField("evalMaxTokens", "Tokens generated per prompt")}
-                </div>
+                <>
+                  <div className="grid2">
+                    {numberField("evalPrompts", "Held-out prompts served")}
+                    {numberField("evalMaxTokens", "Tokens generated per prompt")}
+                  </div>
+                  {checkField("evalBaseline", P.evalBaseline, "Measure the speedup: also serve the verifier alone on the same prompts")}
+                  {checkField("evalNgram", P.evalNgram, "Compare with n-gram drafting on the same prompts")}
+                </>
               )}
               {selectField(
                 "gate",

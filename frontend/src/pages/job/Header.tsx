@@ -5,7 +5,7 @@ import { api, must } from "../../api/client";
 import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
-import { isTerminal, keys, num, progressOf, type Job } from "./model";
+import { isTerminal, keys, num, progressOf, STAGE_NAMES, stageStates, type Job } from "./model";
 
 function Progress({ job }: { job: Job }) {
   const progress = job.progress;
@@ -21,6 +21,25 @@ function Progress({ job }: { job: Job }) {
       <progress max={total ?? progress.epochs} value={done} aria-label="Training progress" />
       <span>{progressOf(job)}</span>
     </span>
+  );
+}
+
+/** The pipeline's stages, this job's only, with the one under way marked (and where it
+ * stopped, for a job that failed or was cancelled). */
+function StageStrip({ job }: { job: Job }) {
+  return (
+    <ol className="stage-strip" aria-label="Pipeline stages">
+      {stageStates(job).map(({ stage, state }) => (
+        <li
+          key={stage}
+          className={`stage-${state}${!isTerminal(job.status) || job.stage !== stage ? "" : ` stage-ended-${job.status}`}`}
+          aria-current={state === "current" ? "step" : undefined}
+          data-state={state}
+        >
+          {STAGE_NAMES[stage] ?? stage}
+        </li>
+      ))}
+    </ol>
   );
 }
 
@@ -75,6 +94,7 @@ export function JobHeader({ job }: { job: Job }) {
         </span>
         <Progress job={job} />
       </p>
+      <StageStrip job={job} />
       {(job.status === "failed" || job.status_reason) && (
         <div className={`state${job.status === "failed" ? " error" : ""}`} role={job.status === "failed" ? "alert" : undefined}>
           {job.error_code && <code className="error-code">{job.error_code}</code>} {job.status_reason ?? "No reason given."}

@@ -64,3 +64,41 @@ export function progressOf(job: Job): string | null {
   const left = p.eta_seconds && !isTerminal(job.status) ? ` · about ${duration(p.eta_seconds)} left` : "";
   return `epoch ${p.epoch}/${p.epochs} · step ${p.steps_done} of ${p.total_steps} (${p.percent}%)${left}`;
 }
+
+/** The stages this job runs, in order (app/services/state.py's Stage; workers/pipeline). */
+export const STAGE_NAMES: Record<string, string> = {
+  regenerating_data: "Regenerate data",
+  starting_verifier: "Start verifier",
+  preparing_data: "Prepare data",
+  training: "Train",
+  evaluating: "Evaluate",
+  publishing: "Publish",
+  deploying: "Deploy",
+};
+
+export function stagesOf(job: Job): string[] {
+  return [
+    ...(job.data?.regenerate ? ["regenerating_data"] : []),
+    "starting_verifier",
+    "preparing_data",
+    "training",
+    ...(job.evaluate !== false ? ["evaluating"] : []),
+    ...(job.publish ? ["publishing"] : []),
+    ...(job.deploy ? ["deploying"] : []),
+  ];
+}
+
+/** Each stage's state: done, the current one, not yet (or never, once the job ended). */
+export function stageStates(job: Job): { stage: string; state: "done" | "current" | "pending" }[] {
+  const stages = stagesOf(job);
+  const at = job.stage ? stages.indexOf(job.stage) : -1;
+  return stages.map((stage, i) => ({
+    stage,
+    state:
+      job.status === "succeeded" || (at >= 0 && i < at)
+        ? "done"
+        : i === at && !isTerminal(job.status)
+          ? "current"
+          : "pending",
+  }));
+}

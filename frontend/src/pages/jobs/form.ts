@@ -30,6 +30,8 @@ export interface JobForm {
   evaluate: boolean;
   evalPrompts: string;
   evalMaxTokens: string;
+  evalBaseline: boolean;
+  evalNgram: boolean;
   gate: GateChoice;
   gateMinAL: string;
   gateMinSpeedup: string;
@@ -59,6 +61,8 @@ export const DEFAULTS: JobForm = {
   evaluate: true,
   evalPrompts: "8",
   evalMaxTokens: "64",
+  evalBaseline: true,
+  evalNgram: true,
   gate: "default",
   gateMinAL: "",
   gateMinSpeedup: "",
@@ -148,6 +152,8 @@ export const P = {
   runtime: "runtime",
   shareGpus: "resources.share_verifier_gpus",
   evaluate: "evaluate",
+  evalBaseline: "evaluate.baseline",
+  evalNgram: "evaluate.ngram",
   gate: "gate",
   gateBeatNgram: "gate.beat_ngram",
   publish: "publish",
@@ -261,8 +267,8 @@ export function buildBody(form: JobForm): JobCreate {
       ? {
           prompts: num(form, "evalPrompts"),
           max_tokens: num(form, "evalMaxTokens"),
-          baseline: true,
-          ngram: true,
+          baseline: form.evalBaseline,
+          ngram: form.evalNgram,
           checkpoints: "best",
         }
       : false,
