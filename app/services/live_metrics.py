@@ -88,18 +88,22 @@ def window_summary(session: Session, deployment_id: str, seconds: float, *,
                    now: datetime | None = None, drafter: str | None = None,
                    settings: Settings | None = None) -> LiveWindow:
     """The points of the last ``seconds`` served by ``drafter`` (default: the latest point's),
-    summed: ratios of the sums, so an interval counts as much as it drafted."""
+    summed: ratios of the sums, so an interval counts as much as it drafted. The evaluated AL
+    is that of the drafter's latest point, in the window or not: an idle deployment is still
+    held to its drafter's evaluation."""
     now = now or utcnow()
-    if drafter is None:
-        drafter = session.scalar(select(DeploymentMetric.drafter).where(
-            DeploymentMetric.deployment_id == deployment_id)
-            .order_by(DeploymentMetric.id.desc()).limit(1))
+    latest_query = select(DeploymentMetric.drafter, DeploymentMetric.checkpoint_id).where(
+        DeploymentMetric.deployment_id == deployment_id)
+    if drafter is not None:
+        latest_query = latest_query.where(DeploymentMetric.drafter == drafter)
+    latest = session.execute(latest_query.order_by(DeploymentMetric.id.desc()).limit(1)).first()
+    if drafter is None and latest is not None:
+        drafter = latest.drafter
     rows = list(session.scalars(select(DeploymentMetric).where(
         DeploymentMetric.deployment_id == deployment_id, DeploymentMetric.drafter == drafter,
         DeploymentMetric.created_at >= now - timedelta(seconds=seconds))))
     total = Interval.total(rows)
-    checkpoint_id = rows[-1].checkpoint_id if rows else None
-    evaluated = evaluated_acceptance_length(session, checkpoint_id)
+    evaluated = evaluated_acceptance_length(session, latest.checkpoint_id if latest else None)
     return LiveWindow(
         seconds=seconds, drafter=drafter, points=len(rows), requests=total.requests,
         num_drafts=total.drafts, acceptance_length=total.acceptance_length,

@@ -226,6 +226,9 @@ test.describe.serial("the demo flow", () => {
       await expect(page.getByText(/^TTFT \d+ ms$/)).toBeVisible({ timeout: 2 * 60_000 });
       // Finished, not cut short by leaving the page: a reply cut short is not captured.
       await expect(page.getByRole("button", { name: "Stop" })).toHaveCount(0, { timeout: 2 * 60_000 });
+      // The request's own acceptance length, which the engine reports with the reply.
+      await expect(page.getByTestId("play-acceptance")).toHaveText(/^acceptance length \d+\.\d\d over \d+ draft steps?$/);
+      await screenshotSizes(page, page.locator(".play-turn").last(), "playground-answer");
     });
   });
 
@@ -254,6 +257,10 @@ test.describe.serial("the demo flow", () => {
       const chart = live.getByRole("region", { name: "Live acceptance length" });
       await expect.poll(() => chart.locator(".recharts-line-dot, .recharts-dot").count(), { timeout: 60_000 }).toBeGreaterThan(0);
       await expect(live.locator(".stat").filter({ hasText: "Requests" }).locator(".value")).toHaveText(/^[1-9]/);
+      // Throughput says what it averages over (the playground shows one request's own).
+      await expect(live.locator(".stat").filter({ hasText: "Tokens / s" })).toContainText("all traffic, last 10 min");
+      // The drafter's served evaluation is what the live numbers are held to.
+      await expect(live).not.toContainText("no served evaluation to compare with");
       // Its dataset: the row on the Datasets page, marked.
       await capture.getByRole("link", { name: /^ds_/ }).click();
       await expect(page).toHaveURL(/\/datasets#ds_[0-9a-f]{24}$/);

@@ -68,6 +68,30 @@ def test_series_pages_and_window(api: Api, body, stack: Stack) -> None:
     assert [p["num_drafts"] for p in since["data"]] == [10]
 
 
+def test_an_idle_deployment_is_still_held_to_its_drafters_evaluation(api: Api, body, job_body,
+                                                                   stack: Stack) -> None:
+    """No point in the window (nothing served for a while): no live numbers, but the evaluated
+    AL and the alert's threshold of the drafter it serves are still there."""
+    from app.db import session_scope
+    from app.db.models import Checkpoint
+    from workers.live_metrics import record_point
+
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    deployment = api.post("/api/deployments", json=body()).json()
+    with session_scope() as session:
+        checkpoint = Checkpoint(job_id=job_id, epoch=0, path="/w/0", is_best=True,
+                                evaluation={"mean_acceptance_length": 2.5})
+        session.add(checkpoint)
+        session.flush()
+        record_point(session, deployment["id"], interval(40, 60, (30, 20, 10)), drafter="/w/0",
+                     checkpoint_id=checkpoint.id, at=datetime.now(UTC) - timedelta(hours=1))
+    window = api.get(f"/api/deployments/{deployment['id']}/metrics").json()["window"]
+    assert window["points"] == 0 and window["acceptance_length"] is None
+    assert window["drafter"] == "/w/0"
+    assert window["evaluated_acceptance_length"] == 2.5
+    assert window["alert_below"] == pytest.approx(0.8 * 2.5)
+
+
 def test_another_projects_deployment_is_404(api: Api, body, make_api, stack: Stack) -> None:
     deployment = api.post("/api/deployments", json=body()).json()
     other = make_api(api)

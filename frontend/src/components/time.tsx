@@ -36,11 +36,13 @@ export function duration(seconds: number): string {
   return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
 }
 
-export function RelTime({ at }: { at: string | null | undefined }) {
+/** ``past``: a time that has happened (created, finished): never shown ahead of this clock,
+ * which may run a little behind the server's. */
+export function RelTime({ at, past: happened = false }: { at: string | null | undefined; past?: boolean }) {
   const now = useNow();
   if (!at) return <span>—</span>;
   const date = new Date(at);
-  const past = (now - date.getTime()) / 1000;
+  const past = happened ? Math.max(0, (now - date.getTime()) / 1000) : (now - date.getTime()) / 1000;
   return (
     <time dateTime={date.toISOString()} title={date.toLocaleString()}>
       {past < 0 ? ahead(-past) : ago(past)}

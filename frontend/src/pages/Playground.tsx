@@ -36,6 +36,14 @@ function Stats({ stats, state }: { stats?: ChatStats; state: Exchange["state"] }
     <p className="play-stats" title="tok/s: completion tokens over the whole request, time to first token included">
       <span>TTFT {stats.ttftMs === null ? "—" : `${Math.round(stats.ttftMs)} ms`}</span>
       <span>{rate === null ? "— tok/s" : `${rate.toFixed(1)} tok/s`}</span>
+      {stats.acceptanceLength !== null && (
+        <span
+          data-testid="play-acceptance"
+          title="This request's mean acceptance length: tokens per verifier pass, from the engine's per-request speculative decoding metrics"
+        >
+          acceptance length {stats.acceptanceLength.toFixed(2)} over {plural(stats.draftSteps ?? 0, "draft step")}
+        </span>
+      )}
       <span className="dim">
         {state === "streaming" ? `${plural(stats.tokens, "chunk")} so far` : source}
         {stats.finishReason === "length" && " · cut at max tokens"}

@@ -19,11 +19,16 @@ export interface ChatStats {
   tokens: number;
   tokensFrom: "usage" | "chunks";
   finishReason: string | null;
+  /** This request's own acceptance length (vLLM's per-request speculative decoding metrics,
+   * on the stream's last chunk): tokens per verifier pass; null without speculation. */
+  acceptanceLength: number | null;
+  draftSteps: number | null;
 }
 
 interface Chunk {
   choices?: { delta?: { content?: string | null }; finish_reason?: string | null }[];
   usage?: { completion_tokens?: number } | null;
+  metrics?: { speculative_decoding?: { mean_acceptance_length?: number; num_spec_steps?: number } } | null;
   error?: ErrorBody;
 }
 
@@ -43,7 +48,15 @@ export async function streamChat({
   onText: (text: string, stats: ChatStats) => void;
 }): Promise<ChatStats> {
   const started = performance.now();
-  const stats: ChatStats = { ttftMs: null, totalMs: 0, tokens: 0, tokensFrom: "chunks", finishReason: null };
+  const stats: ChatStats = {
+    ttftMs: null,
+    totalMs: 0,
+    tokens: 0,
+    tokensFrom: "chunks",
+    finishReason: null,
+    acceptanceLength: null,
+    draftSteps: null,
+  };
   let chunks = 0;
   let usageTokens: number | null = null;
   const response = await authedFetch("/v1/chat/completions", {
@@ -76,6 +89,11 @@ export async function streamChat({
     }
     if (chunk.error) throw new ApiError(502, chunk.error);
     if (typeof chunk.usage?.completion_tokens === "number") usageTokens = chunk.usage.completion_tokens;
+    const spec = chunk.metrics?.speculative_decoding;
+    if (spec && typeof spec.num_spec_steps === "number" && spec.num_spec_steps > 0) {
+      stats.draftSteps = spec.num_spec_steps;
+      stats.acceptanceLength = typeof spec.mean_acceptance_length === "number" ? spec.mean_acceptance_length : null;
+    }
     const choice = chunk.choices?.[0];
     if (choice?.finish_reason) stats.finishReason = choice.finish_reason;
     const text = choice?.delta?.content;

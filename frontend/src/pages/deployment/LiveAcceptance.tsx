@@ -31,7 +31,7 @@ function WindowStats({ window }: { window: LiveWindow }) {
     <div className="stats">
       <Stat label="Acceptance length" value={num(window.acceptance_length, 2)} />
       <Stat label="Draft acceptance rate" value={rate == null ? "—" : `${num(rate * 100, 1)} %`} />
-      <Stat label="Tokens / s" value={num(window.tokens_per_second, 1)} />
+      <Stat label="Tokens / s" note={`all traffic, last ${span(window.seconds)}`} value={num(window.tokens_per_second, 1)} />
       <Stat label="Requests" value={num(window.requests, 0)} />
       <Stat label="Evaluated acceptance length" value={num(window.evaluated_acceptance_length, 2)} />
       <Stat label="Alert below" value={num(window.alert_below, 2)} />

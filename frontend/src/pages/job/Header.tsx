@@ -118,15 +118,15 @@ export function JobHeader({ job }: { job: Job }) {
         <dd>{num(job.served_acceptance_length, 2)}</dd>
         <dt>Created</dt>
         <dd>
-          <RelTime at={job.created_at} />
+          <RelTime at={job.created_at} past />
         </dd>
         <dt>Started</dt>
         <dd>
-          <RelTime at={job.started_at} />
+          <RelTime at={job.started_at} past />
         </dd>
         <dt>Finished</dt>
         <dd>
-          <RelTime at={job.finished_at} />
+          <RelTime at={job.finished_at} past />
         </dd>
         <dt>Duration</dt>
         <dd>

@@ -26,6 +26,8 @@ export function ServedAcceptance({
     let why = "No served evaluation yet: it runs after training.";
     if (job.evaluate === false) why = "This job skips the served evaluation (evaluate: false).";
     else if (isTerminal(job.status)) why = "No served evaluation: the job ended before it ran.";
+    else if (job.stage === "evaluating")
+      why = "Serving the trained drafter on held-out prompts now: the numbers appear when it is done.";
     body = <Empty>{why}</Empty>;
   } else {
     // The chosen checkpoint's own evaluation carries the per-position rates.
