@@ -247,8 +247,6 @@ def upstream_target(base_url: str | None, key: str | None, path: str
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}{path}", headers
 
 
-# --- rate limit --------------------------------------------------------------------------------
-
 # --- batched writes: usage, capture ------------------------------------------------------------
 
 class BatchWriter(Generic[T]):

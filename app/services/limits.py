@@ -57,7 +57,7 @@ return 0
 def redis_url(settings: Settings) -> str | None:
     """Where limits and revocations are shared: the broker, when it is Redis."""
     url = settings.broker_url
-    return url if url.startswith(("redis://", "rediss://", "unix://")) else None
+    return url if url.startswith(("redis://", "rediss://")) else None
 
 
 class LocalRateLimiter:
