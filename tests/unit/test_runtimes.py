@@ -163,7 +163,7 @@ def test_local_runtime_runs_vllms_cpu_wheel_and_the_cpu_trainer() -> None:
                        "data_parallel_size": 1}, "trainer_gpus": 2}), PATHS, port=7)
     gpu = build_plan(SPEC, PATHS, port=7).stage("starting_verifier")
     server = local.stage("starting_verifier")
-    assert server.argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert server.argv[1:4] == ["-m", "workers.runtimes.local.serve", "--model"]
     # The same server as on a GPU host (layers, renderer route), with CPU device flags and the
     # CPU connector.
     for name in ("--speculative-config", "--port"):

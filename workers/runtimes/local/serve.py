@@ -1,0 +1,49 @@
+"""vLLM's OpenAI API server on a CPU, with its engine core forked rather than spawned.
+
+Usage (the arguments are exactly those of ``python -m vllm.entrypoints.openai.api_server``)::
+
+    python -m workers.runtimes.local.serve --model VERIFIER --enforce-eager ...
+
+This module does not re-implement any part of vLLM. It changes one choice and then runs vLLM's
+API server module unchanged: vLLM's CPU platform sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``
+unconditionally (``CpuPlatform.check_and_update_config``), so the engine core starts as a fresh
+Python that imports vLLM, torch and transformers all over again: about 8 s on 2 cores, half of
+the server's start (docs/benchmarks.md, ``benchmarks/vllm_start.py``). Here the engine core is
+forked from the API server, which has imported all of it already.
+
+Forking is safe at that point: the API server has parsed its config and run no torch
+computation, so there is no OpenMP pool or CUDA context to inherit (the local runtime hides
+every GPU), and the engine core binds its own threads afterwards as it does when spawned. The
+local runtime's e2e tests serve, extract hidden states and evaluate through this launcher, and
+compare its outputs with vLLM's.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def fork_the_engine_core() -> None:
+    from vllm.platforms import cpu
+
+    check_and_update_config = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def forking(cls: type[cpu.CpuPlatform], vllm_config: object) -> None:
+        check_and_update_config(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(forking)  # type: ignore[method-assign]
+
+
+def main() -> None:
+    fork_the_engine_core()
+    sys.argv[0] = API_SERVER
+    runpy.run_module(API_SERVER, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
