@@ -57,12 +57,14 @@ def chosen_checkpoint(job: dict[str, Any], checkpoints: list[dict[str, Any]]
 
 def job_summary(job: dict[str, Any], checkpoints: list[dict[str, Any]]) -> str:
     """One line: the final status (and error code), served acceptance length, speedup over no
-    speculation, the best checkpoint's id, and its Hub URL once published."""
+    speculation (and the verdict when the drafter does not pay off), the best checkpoint's id,
+    and its Hub URL once published."""
     evaluation = job.get("evaluation") or {}
     best = chosen_checkpoint(job, checkpoints)
     status = job["status"] + (f" ({job['error_code']})" if job.get("error_code") else "")
+    verdict = f" ({job['verdict']['summary']})" if job.get("verdict") else ""
     line = (f"{job['id']} {status}: served AL {_number(job.get('served_acceptance_length'))}, "
-            f"speedup {_number(evaluation.get('speedup'), 'x')}, "
+            f"speedup {_number(evaluation.get('speedup'), 'x')}{verdict}, "
             f"best checkpoint {best['id'] if best else '-'}")
     hub = next((c["hub_url"] for c in ([best] if best else []) + checkpoints if c.get("hub_url")),
                None)

@@ -7,7 +7,7 @@ from datetime import datetime
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, computed_field, field_validator, model_validator
 
 from app.schemas.common import EventBase, Strict, readable_text, text_problem
 from app.schemas.verifiers import VerifierRef
@@ -226,7 +226,54 @@ class JobProgress(BaseModel):
                                       "total_steps is, and 0 once the steps are done")
 
 
-class JobOut(BaseModel):
+class Verdict(BaseModel):
+    """What a served evaluation says when the drafter does not pay off against its baselines."""
+
+    code: Literal["slower_than_no_speculation", "below_ngram"] = Field(description=(
+        "slower_than_no_speculation: the drafter's output tokens/s are below the verifier's "
+        "alone (speedup < 1); below_ngram: faster than no speculation (or not measured "
+        "against it) but no better than n-gram drafting"))
+    summary: str = Field(description="A few words, for a badge")
+    message: str = Field(description="A sentence with the measured numbers")
+
+
+def verdict_of(evaluation: dict[str, Any] | None) -> Verdict | None:
+    """Null when the drafter beats every baseline measured, or nothing was measured."""
+    evaluation = evaluation or {}
+    speedup, ngram_speedup = evaluation.get("speedup"), evaluation.get("ngram_speedup")
+    if isinstance(speedup, (int, float)) and speedup < 1:
+        ngram = (f"; n-gram drafting: ×{ngram_speedup:.2f}"
+                 if isinstance(ngram_speedup, (int, float)) else "")
+        return Verdict(code="slower_than_no_speculation", summary="slower than no speculation",
+                       message=f"This drafter is slower than no speculation: ×{speedup:.2f} the "
+                       f"output tokens/s of the verifier alone{ngram}. Serving it would cost "
+                       "throughput.")
+    faster_ngram = (isinstance(speedup, (int, float)) and isinstance(ngram_speedup, (int, float))
+                    and ngram_speedup > speedup)
+    if evaluation.get("beats_ngram") is False or faster_ngram:
+        served, ngram = (evaluation.get("mean_acceptance_length"),
+                         evaluation.get("ngram_mean_acceptance_length"))
+        lengths = (f": served acceptance length {served:.2f} against n-gram's {ngram:.2f}"
+                   if isinstance(served, (int, float)) and isinstance(ngram, (int, float)) else "")
+        return Verdict(code="below_ngram", summary="does not beat n-gram",
+                       message="This drafter does not beat n-gram drafting (prompt lookup, no "
+                       f"training){lengths}.")
+    return None
+
+
+class Judged(BaseModel):
+    """A job or checkpoint with a served evaluation, and the verdict that evaluation gives."""
+
+    evaluation: dict[str, Any] | None
+
+    @computed_field(description="Set when the served evaluation found the drafter slower than "
+                    "no speculation, or no better than n-gram drafting; null otherwise")
+    @property
+    def verdict(self) -> Verdict | None:
+        return verdict_of(self.evaluation)
+
+
+class JobOut(Judged):
     object: Literal["specdeck.job"] = "specdeck.job"
     id: str
     status: str
@@ -282,7 +329,7 @@ class MetricOut(BaseModel):
     created_at: datetime
 
 
-class CheckpointOut(BaseModel):
+class CheckpointOut(Judged):
     object: Literal["specdeck.checkpoint"] = "specdeck.checkpoint"
     id: str
     job_id: str

@@ -5,6 +5,7 @@ var/artifacts/dashboard/."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -39,6 +40,42 @@ FAST = {
 }
 
 
+# A served evaluation that found the drafter slower than the verifier alone and below n-gram
+# (a poor dataset's, a slow machine's): what the dashboard shows depends on what is stored, not
+# on how fast this machine ran the flow's own evaluation.
+SLOWER = {"mean_acceptance_length": 1.42, "ngram_mean_acceptance_length": 1.9, "speedup": 0.61,
+          "ngram_speedup": 0.89, "beats_ngram": False}
+
+
+def store_a_slower_copy(database: Path, job_id: str) -> str:
+    """A succeeded copy of ``job_id`` and of its best checkpoint, evaluated as SLOWER; its id."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from app.db.models import Checkpoint, Job
+
+    engine = create_engine(f"sqlite:///{database}", connect_args={"timeout": 30})
+    try:
+        with Session(engine) as session, session.begin():
+            job = session.get(Job, job_id)
+            best = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
+                                                            Checkpoint.is_best)).one()
+            copy = Job(project_id=job.project_id, status="succeeded", stage=job.stage,
+                       spec=job.spec, started_at=job.started_at, finished_at=job.finished_at,
+                       steps_per_epoch=job.steps_per_epoch)
+            session.add(copy)
+            session.flush()
+            checkpoint = Checkpoint(job_id=copy.id, epoch=best.epoch, path=best.path,
+                                    metrics=best.metrics, is_best=True,
+                                    evaluation={**(best.evaluation or {}), **SLOWER})
+            session.add(checkpoint)
+            session.flush()
+            copy.evaluation = {**(job.evaluation or {}), **SLOWER, "checkpoint_id": checkpoint.id}
+            return copy.id
+    finally:
+        engine.dispose()
+
+
 def running(process: psutil.Process) -> bool:
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
@@ -70,9 +107,20 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
                "SPECDECK_DEMO_DATA": str(demo_data), "SPECDECK_ARTIFACTS": str(ARTIFACTS),
                "SPECDECK_E2E_STATE": str(tmp_path / "e2e-state.json"),
                "PLAYWRIGHT_CHROMIUM": str(CHROMIUM)}
-        playwright = subprocess.run([npx, "playwright", "test"], cwd=FRONTEND, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    timeout=1800)
+        # The flow first; then, beside the job it trained, a stored copy whose evaluation says
+        # its drafter is slower than no speculation, for verdict.spec.ts; then every page.
+        playwright = subprocess.run([npx, "playwright", "test", "flow.spec.ts"], cwd=FRONTEND,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, timeout=1800)
+        if playwright.returncode == 0:
+            state = json.loads(Path(env["SPECDECK_E2E_STATE"]).read_text())
+            env["SPECDECK_SLOW_JOB"] = store_a_slower_copy(tmp_path / "var" / "specdeck.db",
+                                                          state["jobId"])
+            rest = subprocess.run([npx, "playwright", "test", "pages.spec.ts", "verdict.spec.ts"],
+                                  cwd=FRONTEND, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=600)
+            playwright = subprocess.CompletedProcess(rest.args, rest.returncode,
+                                                     playwright.stdout + rest.stdout)
         (ARTIFACTS / "playwright.log").write_text(playwright.stdout)
 
         # Ctrl-C stops everything it started: the API, the worker, its engines and trainers.
@@ -89,6 +137,8 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
                      "settings"):
             for size in ("1280x800", "390x844"):
                 assert (ARTIFACTS / "screenshots" / f"{page}-{size}.png").is_file(), (page, size)
+        for page in ("job-verdict", "new-deployment-verdict"):
+            assert (ARTIFACTS / "screenshots" / f"{page}-1280x800.png").is_file(), page
         assert "stopped" in run.output()
         assert alive == [] and left == [], [p.cmdline() for p in [*alive, *left]]
     finally:

@@ -15,6 +15,10 @@ def test_summary_line_and_log_tails() -> None:
                    {"id": "ckpt_2", "is_best": False, "hub_url": "https://hf.co/o/n"}]
     assert job_summary(job, checkpoints) == ("job_1 succeeded: served AL 3.46, speedup 1.87x, "
                                              "best checkpoint ckpt_2, published https://hf.co/o/n")
+    slower = {**job, "verdict": {"code": "slower_than_no_speculation",
+                                  "summary": "slower than no speculation", "message": "..."}}
+    assert job_summary(slower, checkpoints).startswith(
+        "job_1 succeeded: served AL 3.46, speedup 1.87x (slower than no speculation), ")
     failed = {**job, "status": "failed", "error_code": "acceptance_gate_failed",
               "served_acceptance_length": None, "evaluation": None}
     assert job_summary(failed, checkpoints[:1]) == (

@@ -10,6 +10,7 @@ export type Schemas = components["schemas"];
 export type Job = Schemas["JobOut"];
 export type JobEvent = Schemas["EventOut"];
 export type Checkpoint = Schemas["CheckpointOut"];
+export type Verdict = Schemas["Verdict"];
 export type Dataset = Schemas["DatasetOut"];
 export type Deployment = Schemas["DeploymentOut"];
 export type Plan = Schemas["PlanOut"];

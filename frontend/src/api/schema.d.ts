@@ -834,6 +834,10 @@ export interface components {
         };
         /** CheckpointOut */
         CheckpointOut: {
+            /** Evaluation */
+            evaluation: {
+                [key: string]: unknown;
+            } | null;
             /**
              * Object
              * @default specdeck.checkpoint
@@ -851,10 +855,6 @@ export interface components {
              * @description Mean acceptance length measured by serving the drafter on held-out prompts (tokens per verifier pass): the number that decides the speedup. Null until the evaluation has run.
              */
             served_acceptance_length: number | null;
-            /** Evaluation */
-            evaluation: {
-                [key: string]: unknown;
-            } | null;
             /** Path */
             path: string;
             /**
@@ -886,6 +886,8 @@ export interface components {
             hub_url: string | null;
             /** Published At */
             published_at: string | null;
+            /** @description Set when the served evaluation found the drafter slower than no speculation, or no better than n-gram drafting; null otherwise */
+            readonly verdict: components["schemas"]["Verdict"] | null;
         };
         /**
          * DataSpec
@@ -1231,6 +1233,10 @@ export interface components {
         };
         /** JobOut */
         JobOut: {
+            /** Evaluation */
+            evaluation: {
+                [key: string]: unknown;
+            } | null;
             /**
              * Object
              * @default specdeck.job
@@ -1296,10 +1302,6 @@ export interface components {
             deploy: {
                 [key: string]: unknown;
             } | null;
-            /** Evaluation */
-            evaluation: {
-                [key: string]: unknown;
-            } | null;
             /** Metadata */
             metadata: {
                 [key: string]: string;
@@ -1326,6 +1328,8 @@ export interface components {
             started_at: string | null;
             /** Finished At */
             finished_at: string | null;
+            /** @description Set when the served evaluation found the drafter slower than no speculation, or no better than n-gram drafting; null otherwise */
+            readonly verdict: components["schemas"]["Verdict"] | null;
         };
         /**
          * JobProgress
@@ -2122,6 +2126,28 @@ export interface components {
             };
             /** Gpus */
             gpus: number[];
+        };
+        /**
+         * Verdict
+         * @description What a served evaluation says when the drafter does not pay off against its baselines.
+         */
+        Verdict: {
+            /**
+             * Code
+             * @description slower_than_no_speculation: the drafter's output tokens/s are below the verifier's alone (speedup < 1); below_ngram: faster than no speculation (or not measured against it) but no better than n-gram drafting
+             * @enum {string}
+             */
+            code: "slower_than_no_speculation" | "below_ngram";
+            /**
+             * Summary
+             * @description A few words, for a badge
+             */
+            summary: string;
+            /**
+             * Message
+             * @description A sentence with the measured numbers
+             */
+            message: string;
         };
         /** VerifierInspect */
         VerifierInspect: {

@@ -6,6 +6,7 @@ import { QueryState } from "../components/states";
 import { StatusBadge, isTerminal } from "../components/status";
 import { Duration, RelTime } from "../components/time";
 import { progressOf } from "./job/model";
+import { VerdictBadge } from "./job/Verdict";
 import "./jobs/jobs.css";
 
 type JobStatus = Schemas["JobStatus"];
@@ -37,6 +38,11 @@ function JobRow({ job }: { job: Job }) {
       </td>
       <td className="num" title="Served acceptance length (tokens per verifier pass)">
         {job.served_acceptance_length != null ? job.served_acceptance_length.toFixed(2) : "—"}
+        {job.verdict && (
+          <div>
+            <VerdictBadge verdict={job.verdict} />
+          </div>
+        )}
       </td>
       <td className="hide-narrow">
         <RelTime at={job.created_at} />

@@ -6,6 +6,7 @@ import { ApiError, messageOf } from "../api/errors";
 import { Field, FormError, described, useFieldErrors } from "../components/form";
 import { RelTime } from "../components/time";
 import { CaptureFields } from "./deployment/CaptureFields";
+import { VerdictNote } from "./job/Verdict";
 import {
   CAPTURE_DEFAULTS,
   CAPTURE_FIELDS,
@@ -33,6 +34,7 @@ const FIELDS = [
   "num_speculative_tokens",
   "runtime",
   "tensor_parallel_size",
+  "confirm_verdict",
   ...CAPTURE_FIELDS,
 ];
 
@@ -59,13 +61,18 @@ function intIn(text: string, min: number, max: number): boolean {
   return n >= min && n <= max;
 }
 
+function useCheckpoint(id: string | null) {
+  return useQuery({
+    queryKey: ["checkpoint", id],
+    queryFn: () => must(api.GET("/api/checkpoints/{checkpoint_id}", { params: { path: { checkpoint_id: id! } } })),
+    retry: (count, error) => !(error instanceof ApiError && error.status < 500) && count < 2,
+    enabled: id != null,
+  });
+}
+
 /** The checkpoint a valid id names: its job, epoch and served acceptance length. */
 function CheckpointPreview({ id }: { id: string }) {
-  const checkpoint = useQuery({
-    queryKey: ["checkpoint", id],
-    queryFn: () => must(api.GET("/api/checkpoints/{checkpoint_id}", { params: { path: { checkpoint_id: id } } })),
-    retry: (count, error) => !(error instanceof ApiError && error.status < 500) && count < 2,
-  });
+  const checkpoint = useCheckpoint(id);
   if (checkpoint.isPending)
     return (
       <p className="hint" role="status">
@@ -116,6 +123,8 @@ export default function NewDeployment() {
   const [runtime, setRuntime] = useState<Runtime>("");
   const [tp, setTp] = useState("1");
   const [capture, setCapture] = useState<CaptureForm>(CAPTURE_DEFAULTS);
+  // A checkpoint whose evaluation says it does not pay off is deployed only once confirmed.
+  const [confirmed, setConfirmed] = useState(false);
   const { errors, setErrors, formError, fromError, clear } = useFieldErrors(FIELDS);
   const navigate = useNavigate();
   const queryClient = useQueryClient();
@@ -129,6 +138,10 @@ export default function NewDeployment() {
     },
     onError: fromError,
   });
+
+  const checkpointValid = CHECKPOINT_PATTERN.test(checkpointId.trim());
+  const chosen = useCheckpoint(kind === "checkpoint" && checkpointValid ? checkpointId.trim() : null);
+  const verdict = kind === "checkpoint" && checkpointValid ? (chosen.data?.verdict ?? null) : null;
 
   function validate(): Record<string, string> {
     const e: Record<string, string> = {};
@@ -149,6 +162,7 @@ export default function NewDeployment() {
     if (specTokens.trim() && !intIn(specTokens, SPEC_MIN, SPEC_MAX))
       e.num_speculative_tokens = `A whole number from ${SPEC_MIN} to ${SPEC_MAX}, or empty`;
     if (!intIn(tp, TP_MIN, TP_MAX)) e.tensor_parallel_size = `A whole number from ${TP_MIN} to ${TP_MAX}`;
+    if (verdict && !confirmed) e.confirm_verdict = "Tick this to deploy a drafter that does not pay off";
     return { ...e, ...validateCapture(capture) };
   }
 
@@ -176,7 +190,6 @@ export default function NewDeployment() {
     );
   }
 
-  const checkpointValid = CHECKPOINT_PATTERN.test(checkpointId.trim());
 
   return (
     <>
@@ -235,10 +248,35 @@ export default function NewDeployment() {
                   placeholder="ckpt_…"
                   autoComplete="off"
                   spellCheck={false}
-                  onChange={(e) => setCheckpointId(e.target.value)}
+                  onChange={(e) => {
+                    setCheckpointId(e.target.value);
+                    setConfirmed(false);
+                  }}
                 />
               </Field>
               {checkpointValid && <CheckpointPreview id={checkpointId.trim()} />}
+              {verdict && (
+                <>
+                  <VerdictNote verdict={verdict} />
+                  <label className="check">
+                    <input
+                      type="checkbox"
+                      {...described("dep-confirm_verdict", errors.confirm_verdict)}
+                      checked={confirmed}
+                      onChange={(e) => {
+                        setConfirmed(e.target.checked);
+                        if (e.target.checked) setErrors(({ confirm_verdict: _, ...rest }) => rest);
+                      }}
+                    />
+                    Deploy it anyway ({verdict.summary})
+                  </label>
+                  {errors.confirm_verdict && (
+                    <div className="field-error" id="dep-confirm_verdict-error" role="alert">
+                      {errors.confirm_verdict}
+                    </div>
+                  )}
+                </>
+              )}
             </>
           ) : (
             <div className="grid2">

@@ -7,6 +7,7 @@ import { StatusBadge } from "../../components/status";
 import { RelTime } from "../../components/time";
 import { evaluationOf, num } from "./model";
 import { PublishForm } from "./PublishForm";
+import { VerdictBadge } from "./Verdict";
 
 const metric = (c: Checkpoint, name: string) => {
   const value = c.metrics?.[name];
@@ -22,6 +23,11 @@ function Served({ checkpoint }: { checkpoint: Checkpoint }) {
       {evaluation.speedup != null && <span className="dim"> · ×{num(evaluation.speedup, 2)}</span>}
       {evaluation.ngram_mean_acceptance_length != null && (
         <div className="dim small">n-gram {num(evaluation.ngram_mean_acceptance_length, 2)}</div>
+      )}
+      {checkpoint.verdict && (
+        <div>
+          <VerdictBadge verdict={checkpoint.verdict} />
+        </div>
       )}
     </span>
   );

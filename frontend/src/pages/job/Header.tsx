@@ -6,6 +6,7 @@ import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
 import { isTerminal, keys, num, progressOf, STAGE_NAMES, stageStates, type Job } from "./model";
+import { VerdictNote } from "./Verdict";
 
 function Progress({ job }: { job: Job }) {
   const progress = job.progress;
@@ -95,6 +96,7 @@ export function JobHeader({ job }: { job: Job }) {
         <Progress job={job} />
       </p>
       <StageStrip job={job} />
+      {job.verdict && <VerdictNote verdict={job.verdict} />}
       {(job.status === "failed" || job.status_reason) && (
         <div className={`state${job.status === "failed" ? " error" : ""}`} role={job.status === "failed" ? "alert" : undefined}>
           {job.error_code && <code className="error-code">{job.error_code}</code>} {job.status_reason ?? "No reason given."}

@@ -59,9 +59,6 @@ export function ServedAcceptance({
             value={evaluation.outputs_identical_to_baseline ?? "—"}
           />
         </div>
-        {evaluation.beats_ngram === false && (
-          <p className="state error">The drafter does not beat n-gram drafting.</p>
-        )}
         {warnings.length > 0 && (
           <ul className="warnings" aria-label="Evaluation warnings">
             {warnings.map((w, i) => (
