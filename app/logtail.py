@@ -11,8 +11,23 @@ TAIL_MAX_BYTES = 32 * 1024 * 1024  # the most read back for one tail, however lo
 
 def tail(path: Path, lines: int = 40) -> str:
     """The last ``lines`` lines of a log, read back from its end block by block."""
+    data, _ = _read_back(path, lines)
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def tail_lines(path: Path, lines: int) -> tuple[str, int]:
+    """The last ``lines`` complete lines of a log, and the offset where they end: the cursor
+    for ``read_after`` (a line still being written comes with the next read)."""
+    data, start = _read_back(path, lines)
+    complete = data.rfind(b"\n") + 1
+    text = data[:complete].decode("utf-8", errors="replace")
+    return "".join(text.splitlines(keepends=True)[-lines:]), start + complete
+
+
+def _read_back(path: Path, lines: int) -> tuple[bytes, int]:
+    """The log's end, back to at least ``lines`` newlines (or TAIL_MAX_BYTES), and its offset."""
     if not path.exists():
-        return ""
+        return b"", 0
     blocks: list[bytes] = []
     newlines = 0
     with path.open("rb") as f:
@@ -23,5 +38,30 @@ def tail(path: Path, lines: int = 40) -> str:
             f.seek(position)
             blocks.append(f.read(size))
             newlines += blocks[-1].count(b"\n")
-    data = b"".join(reversed(blocks)).decode("utf-8", errors="replace")
-    return "\n".join(data.splitlines()[-lines:])
+    return b"".join(reversed(blocks)), position
+
+
+# The most one read of new lines returns: a reader that fell further behind skips ahead.
+FOLLOW_MAX_BYTES = 1024 * 1024
+
+
+def read_after(path: Path, offset: int) -> tuple[str, int]:
+    """The complete lines written after byte ``offset`` (at most about FOLLOW_MAX_BYTES: the
+    newest ones) and the offset after them. An offset past the end (a log written anew) reads
+    from the start."""
+    if not path.exists():
+        return "", 0
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if offset > end:
+            offset = 0
+        start = max(offset, end - FOLLOW_MAX_BYTES)
+        f.seek(start)
+        data = f.read(end - start)
+    complete = data.rfind(b"\n") + 1
+    if complete == 0:
+        return "", offset
+    data = data[:complete]
+    if start > offset:  # skipped ahead: from the first whole line on
+        data = data[data.find(b"\n") + 1:]
+    return data.decode("utf-8", errors="replace"), start + complete

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.db import get_sessionmaker
 from app.errors import error_responses
+from app.logtail import read_after, tail_lines
 from app.schemas.common import BIGINT_MAX, Page
 from app.schemas.jobs import CheckpointOut, EventOut, JobCreate, JobOut, MetricOut, PlanOut
 from app.services import jobs as service
@@ -149,12 +152,16 @@ def _poll_events(job_id: str, project_id: str, after: int | None) -> tuple[list,
 @router.get("/{job_id}/metrics", response_model=Page[MetricOut],
             responses=error_responses(404))
 def list_metrics(job_id: str, key: CurrentKey, session: SessionDep,
-                 name: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None
+                 name: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
+                 after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX)] = None
                  ) -> Page[MetricOut]:
+    """The job's metrics, oldest first; with ``after`` (the ``last_id`` of a previous page, 0
+    while there were none), only those recorded since, so that a live page fetches what is
+    new."""
     job = service.get_job(session, key.project_id, job_id)
-    metrics = service.list_metrics(session, job, name=name)
+    metrics = service.list_metrics(session, job, name=name, after=after)
     return Page(data=[MetricOut.model_validate(m, from_attributes=True) for m in metrics],
-                has_more=False, last_id=None)
+                has_more=False, last_id=metrics[-1].id if metrics else after or 0)
 
 
 @router.get("/{job_id}/checkpoints", response_model=Page[CheckpointOut],
@@ -168,15 +175,64 @@ def list_checkpoints(job_id: str, key: CurrentKey, session: SessionDep) -> Page[
 
 # response_class Response: the errors are JSON (a PlainTextResponse class would declare them
 # text/plain); the log itself is declared here and returned as a PlainTextResponse.
+_LOG_HEADERS = {
+    "X-Log-Offset": {"description": "Where the lines returned end in the log: the `after` of "
+                     "the next request", "schema": {"type": "integer"}},
+    "X-Log-Ended": {"description": "\"true\" once the job has ended: no line is added after "
+                    "the ones it has", "schema": {"type": "string", "enum": ["true", "false"]}}}
+
+
 @router.get("/{job_id}/logs", response_class=Response, responses={
-    200: {"description": "The log's last lines", "content": {"text/plain": {
-        "schema": {"type": "string"}}}},
+    200: {"description": "The log's last lines, or the lines written after `after`",
+          "content": {"text/plain": {"schema": {"type": "string"}}}, "headers": _LOG_HEADERS},
     **error_responses(404)})
 def get_logs(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep,
-             tail: Annotated[int, Query(ge=1, le=10_000)] = 200) -> PlainTextResponse:
-    """The last ``tail`` lines of the job's log (all its processes; secrets redacted)."""
+             tail: Annotated[int, Query(ge=1, le=10_000)] = 200,
+             after: Annotated[int | None, Query(ge=0, le=BIGINT_MAX)] = None,
+             wait: Annotated[float, Query(ge=0, le=30)] = 0) -> Response:
+    """The last ``tail`` lines of the job's log (all its processes; secrets redacted). With
+    ``after`` (the X-Log-Offset of the previous answer): the lines written since, waiting up to
+    ``wait`` seconds for the first of them while the job runs, so that a reader following the
+    log asks once per batch of new lines. A line still being written comes with the next read."""
     job = service.get_job(session, key.project_id, job_id)
-    return PlainTextResponse(service.job_log_tail(job, settings, tail))
+    path, running = service.job_log_path(job, settings), JobStatus(job.status) not in TERMINAL
+    session.close()  # hold no connection while waiting
+    if after is None:
+        text, offset = tail_lines(path, tail)
+        return PlainTextResponse(text, headers={"X-Log-Offset": str(offset),
+                                                "X-Log-Ended": str(not running).lower()})
+    return LogLines(path, after, wait if running else 0, ended=not running)
+
+
+class LogLines(Response):
+    """The lines of a log after an offset, once there are some or ``wait`` seconds have passed
+    (or the client went away)."""
+
+    POLL = 0.25
+
+    def __init__(self, path: Path, after: int, wait: float, *, ended: bool) -> None:
+        super().__init__(media_type="text/plain")
+        self.path, self.after, self.wait, self.ended = path, after, wait, ended
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            deadline = asyncio.get_running_loop().time() + self.wait
+            while True:
+                text, offset = read_after(self.path, self.after)
+                if text or gone.done() or asyncio.get_running_loop().time() >= deadline:
+                    break
+                await asyncio.sleep(self.POLL)
+        finally:
+            gone.cancel()
+        self.body = self.render(text)
+        self.init_headers({"X-Log-Offset": str(offset), "X-Log-Ended": str(self.ended).lower()})
+        await super().__call__(scope, receive, send)
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.get("/{job_id}/plan", response_model=PlanOut, responses=error_responses(404))

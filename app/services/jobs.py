@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -13,7 +14,6 @@ from sqlalchemy.orm import Session, aliased
 
 from app.db.models import Checkpoint, Job, JobEvent, JobMetric
 from app.errors import APIError, not_found
-from app.logtail import tail
 from app.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
 from app.schemas.jobs import JobCreate, JobOut, JobProgress
 from app.services import quotas, state
@@ -264,10 +264,13 @@ def list_events(session: Session, job: Job, *, after: int | None, limit: int) ->
     return rows[:limit], len(rows) > limit
 
 
-def list_metrics(session: Session, job: Job, *, name: str | None) -> list[JobMetric]:
+def list_metrics(session: Session, job: Job, *, name: str | None,
+                 after: int | None = None) -> list[JobMetric]:
     query = select(JobMetric).where(JobMetric.job_id == job.id)
     if name is not None:
         query = query.where(JobMetric.name == name)
+    if after is not None:
+        query = query.where(JobMetric.id > after)
     return list(session.scalars(query.order_by(JobMetric.id)))
 
 
@@ -353,8 +356,8 @@ def job_out(job: Job, progress: JobProgress | None) -> JobOut:
     )
 
 
-def job_log_tail(job: Job, settings: Settings, lines: int) -> str:
-    return tail(JobPaths.for_job(settings, job.id).log, lines)
+def job_log_path(job: Job, settings: Settings) -> Path:
+    return JobPaths.for_job(settings, job.id).log
 
 
 # Where a dry run's paths hold the id the job will get, as plans hold "<port>" for the ports the

@@ -7,7 +7,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { expect, test, type BrowserContext, type Locator, type Page } from "@playwright/test";
+import { expect, test, type BrowserContext, type Locator, type Page, type Response as PlaywrightResponse } from "@playwright/test";
 import { acceptNextDialog, clearState, env, fillIfPresent, saveState, screenshotPath, signIn } from "./support";
 
 const TERMINAL = /succeeded|failed|cancelled/i;
@@ -136,6 +136,18 @@ test.describe.serial("the demo flow", () => {
     const status = page.getByTestId("job-status");
     const stage = page.getByTestId("job-stage");
 
+    // What the live page asks for its log and metrics while the job runs (checked in step 7).
+    const watched: { url: URL; at: number; lines: number; ended: boolean }[] = [];
+    const watchStart = Date.now();
+    const watch = async (response: PlaywrightResponse) => {
+      const url = new URL(response.url());
+      if (!/^\/api\/jobs\/job_\w+\/(logs|metrics)$/.test(url.pathname)) return;
+      const body = await response.text().catch(() => "");
+      const lines = url.pathname.endsWith("/logs") ? body.split("\n").filter(Boolean).length : 0;
+      watched.push({ url, at: Date.now(), lines, ended: response.headers()["x-log-ended"] === "true" });
+    };
+    page.on("response", watch);
+
     await test.step("5. the job moves through its stages live", async () => {
       // A mark in this document: still there at the end means the page never reloaded.
       await page.evaluate(() => ((window as unknown as { e2eMark: boolean }).e2eMark = true));
@@ -185,6 +197,23 @@ test.describe.serial("the demo flow", () => {
       await expect(page.locator(".job-head .progress")).toContainText(/^trained: (\d+) of \1 steps$/);
       await expect(page.getByRole("list", { name: "Pipeline stages" }).locator('[data-state="done"]')).toHaveCount(4);
       expect(await progress.getAttribute("value")).toBe(await progress.getAttribute("max")); // full
+    });
+
+    await test.step("7b. the live page asked for its log once per batch of lines, and for new metrics only", async () => {
+      page.off("response", watch);
+      const seconds = (Date.now() - watchStart) / 1000;
+      const logs = watched.filter((r) => r.url.pathname.endsWith("/logs"));
+      const metrics = watched.filter((r) => r.url.pathname.endsWith("/metrics"));
+      // The last lines once (again when the job ended); after that, each request waits for new
+      // lines: one that comes back empty has waited 25 s, or found the job ended.
+      expect(logs.filter((r) => !r.url.searchParams.has("after")).length, "whole tails").toBeLessThanOrEqual(2);
+      const following = logs.filter((r) => r.url.searchParams.has("after"));
+      expect(following.length, "the log was followed").toBeGreaterThan(0);
+      const idle = following.filter((r) => r.lines === 0 && !r.ended);
+      expect(idle.length, `empty answers over ${Math.round(seconds)} s`).toBeLessThanOrEqual(Math.floor(seconds / 20) + 1);
+      // Metrics: whole once (when the page opened, in step 4), then only what is new.
+      expect(metrics.filter((r) => !r.url.searchParams.has("after")).length, "whole metric fetches").toBeLessThanOrEqual(1);
+      expect(metrics.length, "metrics were refreshed while the job ran").toBeGreaterThan(1);
     });
   });
 

@@ -157,7 +157,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List Metrics */
+        /**
+         * List Metrics
+         * @description The job's metrics, oldest first; with ``after`` (the ``last_id`` of a previous page, 0
+         *     while there were none), only those recorded since, so that a live page fetches what is
+         *     new.
+         */
         get: operations["list_metrics_api_jobs__job_id__metrics_get"];
         put?: never;
         post?: never;
@@ -193,7 +198,10 @@ export interface paths {
         };
         /**
          * Get Logs
-         * @description The last ``tail`` lines of the job's log (all its processes; secrets redacted).
+         * @description The last ``tail`` lines of the job's log (all its processes; secrets redacted). With
+         *     ``after`` (the X-Log-Offset of the previous answer): the lines written since, waiting up to
+         *     ``wait`` seconds for the first of them while the job runs, so that a reader following the
+         *     log asks once per batch of new lines. A line still being written comes with the next read.
          */
         get: operations["get_logs_api_jobs__job_id__logs_get"];
         put?: never;
@@ -2970,6 +2978,7 @@ export interface operations {
         parameters: {
             query?: {
                 name?: string;
+                after?: number;
             };
             header?: never;
             path: {
@@ -3110,6 +3119,8 @@ export interface operations {
         parameters: {
             query?: {
                 tail?: number;
+                after?: number;
+                wait?: number;
             };
             header?: never;
             path: {
@@ -3119,9 +3130,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The log's last lines */
+            /** @description The log's last lines, or the lines written after `after` */
             200: {
                 headers: {
+                    /** @description Where the lines returned end in the log: the `after` of the next request */
+                    "X-Log-Offset"?: number;
+                    /** @description "true" once the job has ended: no line is added after the ones it has */
+                    "X-Log-Ended"?: "true" | "false";
                     [name: string]: unknown;
                 };
                 content: {

@@ -3,7 +3,7 @@
 import { useEffect, useMemo, useRef } from "react";
 import { Link, useParams } from "react-router-dom";
 import { useQuery, useQueryClient } from "@tanstack/react-query";
-import { api, must } from "../api/client";
+import { api, must, type Schemas } from "../api/client";
 import { ApiError } from "../api/errors";
 import { ErrorNote, Loading, QueryState } from "../components/states";
 import { CheckpointsTable } from "./job/Checkpoints";
@@ -17,6 +17,8 @@ import { Timeline } from "./job/Timeline";
 import { TrainingCharts } from "./job/TrainingCharts";
 import { useJobEvents } from "./job/useJobEvents";
 import "./JobDetail.css";
+
+type MetricPage = Schemas["Page_MetricOut_"];
 
 function JobPage({ job }: { job: Job }) {
   const queryClient = useQueryClient();
@@ -38,9 +40,17 @@ function JobPage({ job }: { job: Job }) {
     wasRunning.current = running;
   }, [running, job.id, queryClient]);
 
+  // Fetched whole once, then only what was recorded after the last one (the page's last_id).
   const metrics = useQuery({
     queryKey: keys.metrics(job.id),
-    queryFn: () => must(api.GET("/api/jobs/{job_id}/metrics", { params: { path: { job_id: job.id } } })),
+    queryFn: async () => {
+      const previous = queryClient.getQueryData<MetricPage>(keys.metrics(job.id));
+      const after = previous?.last_id != null ? Number(previous.last_id) : undefined;
+      const page = await must(
+        api.GET("/api/jobs/{job_id}/metrics", { params: { path: { job_id: job.id }, query: { after } } }),
+      );
+      return previous && after !== undefined ? { ...page, data: [...previous.data, ...page.data] } : page;
+    },
     refetchInterval: running ? 3000 : false,
   });
   const series = useMemo(() => trainingSeries(metrics.data?.data ?? []), [metrics.data]);

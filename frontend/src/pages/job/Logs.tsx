@@ -1,9 +1,9 @@
-// The last 500 lines of the job's log; "Follow" asks again every 2 s and keeps the end in view.
-import { useLayoutEffect, useRef, useState } from "react";
-import { useQuery } from "@tanstack/react-query";
-import { api, must } from "../../api/client";
-import { QueryState } from "../../components/states";
-import { keys } from "./model";
+// The last 500 lines of the job's log; while "Follow" is on and the job runs, the lines written
+// since, one request per batch of new lines: the API answers `?after=<offset>` once there are
+// new lines, or after WAIT_S seconds with none.
+import { useCallback, useEffect, useLayoutEffect, useRef, useState } from "react";
+import { authedFetch } from "../../api/client";
+import { Empty, ErrorNote, Loading } from "../../components/states";
 
 const TAIL = 500;
 
@@ -22,21 +22,58 @@ export function tidyLog(text: string): string {
   return lines.join("\n");
 }
 
+const WAIT_S = 25;
+
+interface Tail {
+  text: string;
+  offset: number; // where the lines shown end in the log (X-Log-Offset)
+  ended: boolean; // the job has ended: no more lines will come (X-Log-Ended)
+}
+
+async function readLog(jobId: string, query: string, signal: AbortSignal): Promise<Tail> {
+  const response = await authedFetch(`/api/jobs/${encodeURIComponent(jobId)}/logs?${query}`, { signal });
+  return {
+    text: await response.text(),
+    offset: Number(response.headers.get("X-Log-Offset") ?? 0),
+    ended: response.headers.get("X-Log-Ended") === "true",
+  };
+}
+
+/** The last TAIL lines (tidied), then, while `follow`, what is written after them. */
+function useLogTail(jobId: string, follow: boolean) {
+  const [tail, setTail] = useState<Tail | null>(null);
+  const [error, setError] = useState<unknown>(null);
+  const [attempt, setAttempt] = useState(0);
+  const retry = useCallback(() => setAttempt((n) => n + 1), []);
+
+  useEffect(() => {
+    const controller = new AbortController();
+    const { signal } = controller;
+    setError(null);
+    (async () => {
+      try {
+        let { text, offset, ended } = await readLog(jobId, `tail=${TAIL}`, signal);
+        setTail({ text: tidyLog(text), offset, ended });
+        while (follow && !ended && !signal.aborted) {
+          const next = await readLog(jobId, `after=${offset}&wait=${WAIT_S}`, signal);
+          ({ offset, ended } = next);
+          if (!next.text) continue;
+          text = (text + next.text).split("\n").slice(-TAIL - 1).join("\n");
+          setTail({ text: tidyLog(text), offset, ended });
+        }
+      } catch (e) {
+        if (!signal.aborted) setError(e);
+      }
+    })();
+    return () => controller.abort();
+  }, [jobId, follow, attempt]);
+  return { tail, error, retry };
+}
+
 export function Logs({ jobId, running }: { jobId: string; running: boolean }) {
   const [follow, setFollow] = useState(running);
-  const logs = useQuery({
-    queryKey: keys.logs(jobId),
-    queryFn: async () =>
-      tidyLog(
-        await must(
-          api.GET("/api/jobs/{job_id}/logs", {
-            params: { path: { job_id: jobId }, query: { tail: TAIL } },
-            parseAs: "text",
-          }),
-        ),
-      ),
-    refetchInterval: follow ? 2000 : false,
-  });
+  // Following a job that ended reads its end once more, then stops.
+  const { tail, error, retry } = useLogTail(jobId, follow && running);
   const pre = useRef<HTMLPreElement>(null);
   const shown = useRef(false); // the first lines shown open at their end too
 
@@ -44,7 +81,18 @@ export function Logs({ jobId, running }: { jobId: string; running: boolean }) {
     if (!pre.current) return;
     if (follow || !shown.current) pre.current.scrollTop = pre.current.scrollHeight;
     shown.current = true;
-  }, [follow, logs.data]);
+  }, [follow, tail]);
+
+  let body;
+  if (error) body = <ErrorNote error={error} retry={retry} />;
+  else if (!tail) body = <Loading what="Loading the log" />;
+  else if (tail.text === "") body = <Empty>No log lines yet.</Empty>;
+  else
+    body = (
+      <pre ref={pre} className="log" tabIndex={0}>
+        {tail.text}
+      </pre>
+    );
 
   return (
     <section className="card logs" aria-label="Logs">
@@ -56,13 +104,7 @@ export function Logs({ jobId, running }: { jobId: string; running: boolean }) {
           Follow
         </label>
       </div>
-      <QueryState query={logs} what="Loading the log" isEmpty={(text) => text === ""} empty="No log lines yet.">
-        {(text) => (
-          <pre ref={pre} className="log" tabIndex={0}>
-            {text}
-          </pre>
-        )}
-      </QueryState>
+      {body}
     </section>
   );
 }

@@ -46,7 +46,6 @@ export const keys = {
   job: (id: string) => ["job", id] as const,
   metrics: (id: string) => ["job", id, "metrics"] as const,
   checkpoints: (id: string) => ["job", id, "checkpoints"] as const,
-  logs: (id: string) => ["job", id, "logs"] as const,
   plan: (id: string) => ["job", id, "plan"] as const,
 };
 

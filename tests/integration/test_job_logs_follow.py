@@ -1,0 +1,92 @@
+"""Following a job's log and metrics by cursor (issue 23, item 13): GET /api/jobs/{id}/logs
+answers its last lines with X-Log-Offset; with ``after`` it answers the lines written since,
+waiting for them up to ``wait`` seconds, so that a live page asks once per batch of lines.
+GET /api/jobs/{id}/metrics with ``after`` answers only the metrics recorded since."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from tests.conftest import Api, Stack
+from tests.integration.test_jobs_api import assert_error
+
+
+def log_of(stack: Stack, job_id: str) -> Path:
+    path = Path(stack.env["SPECDECK_LOGS_ROOT"]) / f"{job_id}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write(text)
+
+
+def test_the_log_is_read_by_offset_waiting_for_new_lines(api: Api, stack: Stack, job_body) -> None:
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]  # no worker: queued, not ended
+    path = log_of(stack, job_id)
+    empty = api.get(f"/api/jobs/{job_id}/logs")
+    assert empty.status_code == 200 and empty.text == "" and empty.headers["X-Log-Offset"] == "0"
+    assert empty.headers["X-Log-Ended"] == "false"
+
+    append(path, "one\ntwo\nthree\nhalf a li")
+    last = api.get(f"/api/jobs/{job_id}/logs", params={"tail": 2})
+    assert last.text == "two\nthree\n"  # the line being written comes with the next read
+    offset = int(last.headers["X-Log-Offset"])
+    assert offset == len("one\ntwo\nthree\n")
+
+    # Nothing new: after the wait, an empty answer at the same offset.
+    idle = api.get(f"/api/jobs/{job_id}/logs", params={"after": offset, "wait": 0.5})
+    assert idle.text == "" and int(idle.headers["X-Log-Offset"]) == offset
+
+    # A reader waiting gets the lines once they are written, in one answer.
+    answers = []
+    reader = threading.Thread(target=lambda: answers.append(api.get(
+        f"/api/jobs/{job_id}/logs", params={"after": offset, "wait": 30})))
+    reader.start()
+    time.sleep(0.5)
+    append(path, "ne\nfour\n")
+    reader.join(60)
+    [batch] = answers
+    assert batch.status_code == 200 and batch.text == "half a line\nfour\n"
+    offset = int(batch.headers["X-Log-Offset"])
+    assert offset == path.stat().st_size
+
+    # A log written anew (a shorter file) is read from its start.
+    path.write_text("fresh\n")
+    assert api.get(f"/api/jobs/{job_id}/logs", params={"after": offset}).text == "fresh\n"
+
+    for bad in ({"after": -1}, {"wait": 31}, {"wait": "soon"}):
+        assert_error(api.get(f"/api/jobs/{job_id}/logs", params=bad), 422, "invalid_value")
+
+
+def test_an_ended_jobs_log_answers_at_once(api: Api, stack: Stack, job_body) -> None:
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    assert api.post(f"/api/jobs/{job_id}/cancel").status_code == 200
+    append(log_of(stack, job_id), "done\n")
+    answer = api.get(f"/api/jobs/{job_id}/logs", params={"after": 5, "wait": 30})
+    assert answer.text == "" and answer.headers["X-Log-Offset"] == "5"
+    assert answer.headers["X-Log-Ended"] == "true"  # a reader stops following
+
+
+def test_metrics_after_a_cursor(api: Api, job_body) -> None:
+    from app.db import session_scope
+    from app.db.models import JobMetric
+
+    job_id = api.post("/api/jobs", json=job_body()).json()["id"]
+    url = f"/api/jobs/{job_id}/metrics"
+    assert api.get(url).json()["last_id"] == 0  # the cursor to pass while there are none
+    with session_scope() as session:
+        session.add_all(JobMetric(job_id=job_id, step=s, epoch=0, name="loss", value=1.0 / (s + 1))
+                        for s in range(3))
+    first = api.get(url).json()
+    assert [m["step"] for m in first["data"]] == [0, 1, 2]
+    cursor = first["last_id"]
+    assert api.get(url, params={"after": cursor}).json() == {
+        "object": "list", "data": [], "has_more": False, "last_id": cursor}
+    with session_scope() as session:
+        session.add(JobMetric(job_id=job_id, step=3, epoch=1, name="loss", value=0.2))
+    new = api.get(url, params={"after": cursor}).json()
+    assert [m["step"] for m in new["data"]] == [3] and new["last_id"] > cursor
