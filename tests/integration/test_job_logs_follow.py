@@ -5,11 +5,19 @@ GET /api/jobs/{id}/metrics with ``after`` answers only the metrics recorded sinc
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 
-from tests.conftest import Api, Stack
+import httpx
+
+from app.supervise import die_with_parent
+from tests.conftest import SPECDECK, Api, Stack, new_key
+from tests.integration.test_dispatch import wait_for
+from tests.support.api_server import start_api, stop_api
 from tests.integration.test_jobs_api import assert_error
 
 
@@ -90,3 +98,35 @@ def test_metrics_after_a_cursor(api: Api, job_body) -> None:
         session.add(JobMetric(job_id=job_id, step=3, epoch=1, name="loss", value=0.2))
     new = api.get(url, params={"after": cursor}).json()
     assert [m["step"] for m in new["data"]] == [3] and new["last_id"] > cursor
+
+
+def test_the_cli_follows_a_running_jobs_log_until_it_ends(pg_stack: Stack, pg_job_body,
+                                                          tmp_path: Path) -> None:
+    """`specdeck jobs logs JOB --follow` against a real API process: the last lines, each line
+    as it is written, and an exit once the job has ended."""
+    url, api_proc = start_api({**os.environ, **pg_stack.env}, tmp_path / "api.log")
+    cli = None
+    try:
+        key = new_key()
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        job_id = api.post("/api/jobs", json=pg_job_body()).json()["id"]
+        path = log_of(pg_stack, job_id)
+        append(path, "one\ntwo\nthree\n")
+        cli = subprocess.Popen([SPECDECK, "jobs", "logs", job_id, "--tail", "2", "--follow"],
+                               env={**os.environ, "SPECDECK_URL": url, "SPECDECK_API_KEY": key},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, preexec_fn=die_with_parent)
+        out: list[str] = []
+        threading.Thread(target=lambda: out.extend(cli.stdout), daemon=True).start()
+        wait_for(lambda: out == ["two\n", "three\n"], 60, "the last two lines")
+        append(path, "four\n")
+        wait_for(lambda: out[-1:] == ["four\n"], 60, "the line written while following")
+        assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+        append(path, "cancelled\n")  # what the waiting request answers; the next one says ended
+        assert cli.wait(60) == 0
+        assert "".join(out) == "two\nthree\nfour\ncancelled\n"
+    finally:
+        if cli is not None and cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+        stop_api(api_proc)

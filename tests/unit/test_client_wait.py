@@ -1,13 +1,11 @@
-"""The summary line a wait ends with, its progress line, and how `logs --follow` finds a
-log's new lines."""
+"""The summary line a wait ends with, and its progress line."""
 
 from __future__ import annotations
 
-from app.client.commands.jobs import new_lines
 from app.client.wait import job_summary, progress_text
 
 
-def test_summary_line_and_log_tails() -> None:
+def test_summary_line() -> None:
     job = {"id": "job_1", "status": "succeeded", "error_code": None,
            "served_acceptance_length": 3.4567, "evaluation": {"checkpoint_id": "ckpt_2",
                                                               "speedup": 1.874}}
@@ -23,12 +21,6 @@ def test_summary_line_and_log_tails() -> None:
               "served_acceptance_length": None, "evaluation": None}
     assert job_summary(failed, checkpoints[:1]) == (
         "job_1 failed (acceptance_gate_failed): served AL -, speedup -, best checkpoint ckpt_1")
-    assert new_lines(["a", "b", "c"], ["b", "c", "d", "e"]) == ["d", "e"]
-    assert new_lines(["c", "d"], ["a", "b", "c", "d"]) == []  # a short tail, then a long one
-    assert new_lines(["c", "d"], ["a", "b", "c", "d", "e"]) == ["e"]
-    assert new_lines([], ["a"]) == ["a"]
-    assert new_lines(["a", "b"], ["a", "b"]) == []
-    assert new_lines(["a"], ["x", "y"]) == ["x", "y"]  # more new lines than the window held
 
 
 def test_progress_counts_steps_of_the_total_once_it_is_known() -> None:

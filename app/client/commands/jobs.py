@@ -17,9 +17,9 @@ from app.client.exits import CLIError
 from app.client.http import RETRY_STATUSES, Api, backoff, describe_error
 from app.client.jobfile import AUTO, idempotency_key, load_job_file
 from app.client.output import emit_json, note, show, table
-from app.client.wait import JOB_TERMINAL, POLL_SECONDS, wait_job
+from app.client.wait import wait_job
 
-LOG_WINDOW = 1000  # the lines `logs --follow` reads each time to find the new ones
+LOG_WAIT_SECONDS = 20  # how long the API may hold `logs --follow`'s request (its timeout: 30 s)
 
 
 def create(args: argparse.Namespace, api: Api) -> int:
@@ -117,33 +117,16 @@ def follow_events(api: Api, job_id: str, as_json: bool) -> int:
             time.sleep(backoff(failures - 1, api.backoff))
 
 
-def new_lines(seen: list[str], lines: list[str]) -> list[str]:
-    """The lines of a newer tail of the log (``lines``) after what the older tail ``seen``
-    ended with: what follows the latest place where ``lines`` holds the end of ``seen`` (all
-    of ``lines`` when it does not: more was written than the tail holds)."""
-    if not seen:
-        return lines
-    for end in range(len(lines), 0, -1):
-        size = min(len(seen), end)
-        if lines[end - size:end] == seen[-size:]:
-            return lines[end:]
-    return lines
-
-
 def logs(args: argparse.Namespace, api: Api) -> int:
+    """The log's last lines; with --follow, the lines written after them until the job ends
+    (the API answers each request once there are new lines, or after LOG_WAIT_SECONDS)."""
     path = f"/api/jobs/{args.job_id}/logs"
-    seen = api.request("GET", path, params={"tail": args.tail}).text.splitlines()
-    for line in seen:
-        print(line, flush=True)
-    while args.follow:
-        status = api.json("GET", f"/api/jobs/{args.job_id}")["status"]
-        lines = api.request("GET", path, params={"tail": LOG_WINDOW}).text.splitlines()
-        for line in new_lines(seen, lines):
-            print(line, flush=True)
-        seen = lines
-        if status in JOB_TERMINAL:  # read after the status: nothing is written after that
-            break
-        time.sleep(POLL_SECONDS)
+    response = api.request("GET", path, params={"tail": args.tail})
+    print(response.text, end="", flush=True)
+    while args.follow and response.headers.get("X-Log-Ended") != "true":
+        response = api.request("GET", path, params={"after": response.headers["X-Log-Offset"],
+                                                    "wait": LOG_WAIT_SECONDS})
+        print(response.text, end="", flush=True)
     return exits.SUCCEEDED
 
 
