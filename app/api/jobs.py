@@ -71,9 +71,12 @@ async def plan_job(body: JobCreate, key: CurrentKey, session: SessionDep,
 @router.get("", response_model=Page[JobOut])
 def list_jobs(key: CurrentKey, session: SessionDep, limit: Limit = 20,
               after: Annotated[str | None, Query(pattern=JOB_ID)] = None,
-              status: JobStatus | None = None) -> Page[JobOut]:
+              status: JobStatus | None = None,
+              name: Annotated[str | None, Query(max_length=100, pattern=r"^[^\x00]*$",
+                                                description="Jobs whose name holds this text, "
+                                                "whatever the case")] = None) -> Page[JobOut]:
     jobs, has_more = service.list_jobs(session, key.project_id, limit=limit, after=after,
-                                       status=status)
+                                       status=status, name=name)
     return Page(data=service.job_outs(session, jobs), has_more=has_more,
                 last_id=jobs[-1].id if jobs else None)
 

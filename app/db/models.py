@@ -111,6 +111,7 @@ class Job(Leased, Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str | None] = mapped_column(String(100))  # the user's, to tell jobs apart
     # Only app.services.state.transition() writes status and stage.
     status: Mapped[str] = mapped_column(String(20))
     stage: Mapped[str | None] = mapped_column(String(32))

@@ -136,7 +136,13 @@ def _model_or(*others: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     return extra
 
 
+JOB_NAME_MAX = 100
+
+
 class JobCreate(Strict):
+    name: str | None = Field(None, min_length=1, max_length=JOB_NAME_MAX, pattern=r"\S",
+                             description="A name to tell the job apart in lists (need not be "
+                             "unique); GET /api/jobs?name= finds it")
     verifier: VerifierRef
     dataset: str = Field(min_length=1, max_length=512, description=(
         "An uploaded dataset's id (ds_...; this project's own), or the path of a JSONL file "
@@ -276,6 +282,7 @@ class Judged(BaseModel):
 class JobOut(Judged):
     object: Literal["specdeck.job"] = "specdeck.job"
     id: str
+    name: str | None
     status: str
     stage: str | None
     status_reason: str | None

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Deployment, DeploymentEvent, Job
 from app.errors import APIError, not_found
 from app.schemas.deployments import DeploymentCreate, DeploymentOut, RetrainRequest
-from app.schemas.jobs import JobCreate
+from app.schemas.jobs import JOB_NAME_MAX, JobCreate
 from app.services import capture, quotas, state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
@@ -144,6 +144,7 @@ def retrain_request(session: Session, project_id: str, deployment_id: str,
         "gate": body.gate.model_dump() if body.gate is not None else base.get("gate"),
         "deploy": {"deployment": deployment.name} if body.deploy else None,
         "metadata": {"retrain_of": deployment.id},
+        "name": f"retrain of {deployment.name}"[:JOB_NAME_MAX],
     }
     try:
         return JobCreate.model_validate(fields)

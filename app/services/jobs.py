@@ -190,7 +190,8 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
         existing = _by_idempotency_key(session, project_id, idempotency_key)
         if existing is not None:
             return _replay(existing, digest), False
-    job = Job(project_id=project_id, spec=resolve_spec(session, project_id, body, settings, hub),
+    job = Job(project_id=project_id, name=body.name,
+              spec=resolve_spec(session, project_id, body, settings, hub),
               idempotency_key=idempotency_key, request_hash=digest)
     try:
         with session.begin_nested():
@@ -227,10 +228,13 @@ def get_job(session: Session, project_id: str, job_id: str) -> Job:
 
 
 def list_jobs(session: Session, project_id: str, *, limit: int, after: str | None,
-              status: JobStatus | None) -> tuple[list[Job], bool]:
+              status: JobStatus | None, name: str | None = None) -> tuple[list[Job], bool]:
+    """Newest first; ``name``: the jobs whose name holds it, whatever the case."""
     query = select(Job).where(Job.project_id == project_id)
     if status is not None:
         query = query.where(Job.status == status.value)
+    if name:
+        query = query.where(func.lower(Job.name).contains(name.lower(), autoescape=True))
     if after is not None:
         query = query.where(Job.id < after)
     rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
@@ -341,7 +345,8 @@ def job_out(job: Job, progress: JobProgress | None) -> JobOut:
     """The one place a JobOut is built; ``progress`` from ``training_progress``."""
     spec = job.spec
     return JobOut(
-        id=job.id, status=job.status, stage=job.stage, status_reason=job.status_reason,
+        id=job.id, name=job.name, status=job.status, stage=job.stage,
+        status_reason=job.status_reason,
         error_code=job.error_code, served_acceptance_length=job.served_acceptance_length,
         progress=progress,
         verifier=spec["verifier"], dataset=spec["dataset"],

@@ -14,6 +14,7 @@ const TERMINAL = /succeeded|failed|cancelled/i;
 const run = Date.now().toString(36);
 const DATASET_NAME = `e2e-demo-${run}`;
 const DEPLOYMENT_NAME = `e2e-demo-${run}`;
+const JOB_NAME = `Demo drafter ${run}`;
 
 /** A screenshot of one part of the page at both sizes, with no horizontal overflow at either. */
 async function screenshotSizes(page: Page, part: Locator, name: string): Promise<void> {
@@ -54,7 +55,7 @@ test.describe.serial("the demo flow", () => {
   });
 
   /** Fill the New job form for the demo verifier (its "Use demo settings" when the form has it). */
-  async function newDemoJob(options: { epochs: number; evaluate: boolean }): Promise<string> {
+  async function newDemoJob(options: { name: string; epochs: number; evaluate: boolean }): Promise<string> {
     await page.goto("/jobs");
     await page.getByRole("link", { name: "New job" }).or(page.getByRole("button", { name: "New job" })).click();
     await expect(page).toHaveURL(/\/jobs\/new$/);
@@ -71,6 +72,7 @@ test.describe.serial("the demo flow", () => {
       await page.getByLabel("Sequence length", { exact: true }).fill("512");
       await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
     }
+    await page.getByLabel("Name", { exact: true }).fill(options.name);
     const dataset = page.getByLabel("Dataset", { exact: true });
     await expect(dataset.locator(`option[value="${datasetId}"]`)).toHaveCount(1);
     await dataset.selectOption(datasetId);
@@ -129,7 +131,7 @@ test.describe.serial("the demo flow", () => {
 
   test("train the demo drafter and watch it", async () => {
     await test.step("4. create the demo job through the New job form", async () => {
-      jobId = await newDemoJob({ epochs: 2, evaluate: true });
+      jobId = await newDemoJob({ name: JOB_NAME, epochs: 2, evaluate: true });
       saveState({ jobId });
     });
 
@@ -362,6 +364,9 @@ test.describe.serial("the demo flow", () => {
       await expect(page).toHaveURL(/\/jobs\/job_[0-9a-f]+$/, { timeout: 30_000 });
       const status = page.getByTestId("job-status");
       await expect(status).toBeVisible();
+      // It says what it retrains: its name, and the deployment it came from.
+      await expect(page.getByRole("heading", { level: 1 })).toContainText(`retrain of ${DEPLOYMENT_NAME}`);
+      await expect(page.getByRole("link", { name: deploymentId })).toBeVisible();
       acceptNextDialog(page);
       await page.getByRole("button", { name: "Cancel job" }).click();
       await expect(status).toHaveText(/cancelled/i, { timeout: 2 * 60_000 });
@@ -376,6 +381,21 @@ test.describe.serial("the demo flow", () => {
       const rows = page.getByRole("table").getByRole("row").filter({ has: page.locator("td") });
       await expect(rows.first()).toContainText("cancelled");
       await expect(rows.filter({ hasNotText: "cancelled" })).toHaveCount(0);
+    });
+
+    await test.step("13c. jobs are told apart by name, and found by part of it (kept in the URL)", async () => {
+      await page.goto("/jobs");
+      const rows = page.getByRole("table").getByRole("row").filter({ has: page.locator("td") });
+      await expect(rows.filter({ hasText: jobId })).toContainText(JOB_NAME);
+      await page.getByLabel("Name", { exact: true }).fill(`drafter ${run}`.toUpperCase());
+      await expect(page).toHaveURL(new RegExp(`/jobs\\?name=DRAFTER\\+${run}$`, "i"));
+      await expect(rows).toHaveCount(1);
+      await expect(rows.first()).toContainText(jobId);
+      await page.reload();
+      await expect(page.getByLabel("Name", { exact: true })).toHaveValue(`DRAFTER ${run}`);
+      await expect(rows).toHaveCount(1);
+      await page.getByLabel("Name", { exact: true }).fill(`no job is named this ${run}`);
+      await expect(page.getByText(`No jobs named like “no job is named this ${run}”.`)).toBeVisible();
     });
   });
 

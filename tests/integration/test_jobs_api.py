@@ -470,3 +470,21 @@ def test_progress_has_a_total_a_percent_and_the_time_left_once_an_epoch_is_train
                               created_at=start + timedelta(seconds=19)))
     assert api.job(job_id)["progress"] == {**progress, "step": 19, "steps_done": 20,
                                           "percent": 100.0, "eta_seconds": 0.0}
+
+
+def test_a_named_job_is_shown_and_found_by_its_name(api: Api, job_body) -> None:
+    named = api.post("/api/jobs", json=job_body(name="Qwen chat v2 (50%_off)")).json()
+    other = api.post("/api/jobs", json=job_body(name="baseline")).json()
+    unnamed = api.post("/api/jobs", json=job_body()).json()
+    assert named["name"] == "Qwen chat v2 (50%_off)" and unnamed["name"] is None
+    assert api.job(named["id"])["name"] == named["name"]
+
+    def found(text: str) -> list[str]:
+        return [j["id"] for j in api.get("/api/jobs", params={"name": text}).json()["data"]]
+
+    assert found("chat V2") == [named["id"]]  # any part, any case
+    assert found("50%_") == [named["id"]] and found("%") == [named["id"]]  # no wildcards
+    assert found("line") == [other["id"]] and found("nothing like it") == []
+    assert len(found("")) == 3  # an empty filter is none
+    for bad in ("", "   ", "x" * 101, 7):
+        assert_error(api.post("/api/jobs", json=job_body(name=bad)), 422, "invalid_value", "name")

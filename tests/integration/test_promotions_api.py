@@ -145,6 +145,7 @@ def test_promote_rollback_and_retrain_refusals(api: Api, stack: Stack, job_body,
     assert job["data"]["regenerate"] is True  # the verifier writes the replies
     assert job["speculator"]["epochs"] == 1 and job["speculator"]["block_size"] == 8
     assert job["metadata"] == {"retrain_of": deployment["id"]}
+    assert job["name"] == f"retrain of {deployment['name']}"  # what it retrains, in the list
     assert job["deploy"] is None and job["evaluate"]
     # deploy: true needs the deployment to be serving, like the job option.
     assert_error(api.post(path + "/retrain", json={"dataset": "chat.jsonl", "deploy": True}), 422,

@@ -168,9 +168,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = jobs_sub.add_parser("list", parents=[common], help="the project's jobs, newest first")
     p.add_argument("--status", choices=("queued", "running", "succeeded", "failed",
                                         "cancelling", "cancelled"))
-    list_command(p, "/api/jobs", ("id", "status", "stage", "error_code",
+    p.add_argument("--name", help="jobs whose name holds this text, whatever the case")
+    list_command(p, "/api/jobs", ("id", "name", "status", "stage", "error_code",
                                   "served_acceptance_length", "created_at"),
-                 after="JOB_ID", filters=("status",))
+                 after="JOB_ID", filters=("status", "name"))
     get_command(jobs_sub.add_parser("get", parents=[common], help="a job, as JSON"),
                 "/api/jobs/{job_id}", "job_id")
     p = jobs_sub.add_parser("cancel", parents=[common], help="cancel a job")

@@ -1206,6 +1206,11 @@ export interface components {
         };
         /** JobCreate */
         JobCreate: {
+            /**
+             * Name
+             * @description A name to tell the job apart in lists (need not be unique); GET /api/jobs?name= finds it
+             */
+            name?: string | null;
             /** Verifier */
             verifier: string;
             /**
@@ -1253,6 +1258,8 @@ export interface components {
             object: "specdeck.job";
             /** Id */
             id: string;
+            /** Name */
+            name: string | null;
             /** Status */
             status: string;
             /** Stage */
@@ -2444,6 +2451,8 @@ export interface operations {
                 limit?: number;
                 after?: string;
                 status?: components["schemas"]["JobStatus"];
+                /** @description Jobs whose name holds this text, whatever the case */
+                name?: string;
             };
             header?: never;
             path?: never;

@@ -1,3 +1,4 @@
+import { useEffect, useState } from "react";
 import { Link, useSearchParams } from "react-router-dom";
 import { useQuery } from "@tanstack/react-query";
 import { api, must, type Job, type Schemas } from "../api/client";
@@ -26,6 +27,7 @@ function JobRow({ job }: { job: Job }) {
   return (
     <tr>
       <td>
+        {job.name && <div className="job-name">{job.name}</div>}
         <Link to={`/jobs/${job.id}`} className="mono job-id">
           {job.id}
         </Link>
@@ -55,17 +57,35 @@ function JobRow({ job }: { job: Job }) {
 }
 
 export default function Jobs() {
-  // The filter lives in the URL (?status=running): a reload or a shared link keeps it.
+  // The filters live in the URL (?status=running&name=chat): a reload or a shared link keeps them.
   const [params, setParams] = useSearchParams();
   const wanted = params.get("status") ?? "";
   const status: JobStatus | "" = wanted in STATUSES ? (wanted as JobStatus) : "";
+  const name = params.get("name") ?? "";
+  const [typed, setTyped] = useState(name);
   const cursor = useCursor();
+
+  function setFilter(key: "status" | "name", value: string) {
+    const next = new URLSearchParams(params);
+    if (value) next.set(key, value);
+    else next.delete(key);
+    setParams(next, { replace: true });
+    cursor.reset();
+  }
+
+  // The name filter follows what is typed, once typing pauses.
+  useEffect(() => {
+    if (typed.trim() === name) return;
+    const timer = setTimeout(() => setFilter("name", typed.trim()), 300);
+    return () => clearTimeout(timer);
+  });
+
   const jobs = useQuery({
-    queryKey: ["jobs", status, cursor.after],
+    queryKey: ["jobs", status, name, cursor.after],
     queryFn: () =>
       must(
         api.GET("/api/jobs", {
-          params: { query: { limit: 20, after: cursor.after, status: status || undefined } },
+          params: { query: { limit: 20, after: cursor.after, status: status || undefined, name: name || undefined } },
         }),
       ),
     // Follow the jobs on the page while any of them can still change.
@@ -78,15 +98,19 @@ export default function Jobs() {
         <h1 className="jobs-title">Jobs</h1>
         <span className="spacer" />
         <div className="field jobs-filter">
+          <label htmlFor="jobs-name">Name</label>
+          <input
+            id="jobs-name"
+            type="search"
+            value={typed}
+            maxLength={100}
+            placeholder="any"
+            onChange={(e) => setTyped(e.target.value)}
+          />
+        </div>
+        <div className="field jobs-filter">
           <label htmlFor="jobs-status">Status</label>
-          <select
-            id="jobs-status"
-            value={status}
-            onChange={(e) => {
-              setParams(e.target.value ? { status: e.target.value } : {}, { replace: true });
-              cursor.reset();
-            }}
-          >
+          <select id="jobs-status" value={status} onChange={(e) => setFilter("status", e.target.value)}>
             <option value="">All</option>
             {(Object.keys(STATUSES) as JobStatus[]).map((s) => (
               <option key={s} value={s}>
@@ -104,8 +128,10 @@ export default function Jobs() {
         what="Loading jobs"
         isEmpty={(page) => page.data.length === 0}
         empty={
-          status ? (
-            <p>No {status} jobs.</p>
+          status || name ? (
+            <p>
+              No {status ? `${status} ` : ""}jobs{name && <> named like “{name}”</>}.
+            </p>
           ) : (
             <p>
               No jobs yet. <Link to="/jobs/new">Create a job</Link> to train a speculative-decoding drafter.

@@ -186,6 +186,8 @@ export default function NewJob() {
   const chosen: Dataset | undefined = datasets.data?.data.find((d) => d.id === form.dataset);
   const verifierId = fieldId(P.verifier);
   const verifierError = errorOf(P.verifier);
+  const nameId = fieldId(P.name);
+  const nameError = errorOf(P.name);
   const layersId = fieldId(P.targetLayerIds);
   const layersError = errorOf(P.targetLayerIds);
   const defaultLayers = verifier?.default_target_layer_ids?.join(", ");
@@ -264,6 +266,20 @@ export default function NewJob() {
           <div>
             <fieldset className="card">
               <legend>Verifier</legend>
+              <Field
+                id={nameId}
+                label="Name"
+                error={nameError}
+                hint="Optional: tells this job apart in the list (“chat v2, regenerated”)."
+              >
+                <input
+                  {...described(nameId, nameError, true)}
+                  value={form.name}
+                  maxLength={100}
+                  autoComplete="off"
+                  onChange={(e) => update("name", e.target.value)}
+                />
+              </Field>
               <Field
                 id={verifierId}
                 label="Verifier"

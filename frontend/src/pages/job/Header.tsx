@@ -1,6 +1,7 @@
 // The job's identity and state: id, status and stage, why it failed, what it trains, when,
 // how far it is, and the Cancel button while it can still be cancelled.
 import { useMutation, useQueryClient } from "@tanstack/react-query";
+import { Link } from "react-router-dom";
 import { api, must } from "../../api/client";
 import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
@@ -79,7 +80,7 @@ export function JobHeader({ job }: { job: Job }) {
     <header className="card job-head">
       <div className="job-title">
         <h1>
-          Job <span className="mono">{job.id}</span>
+          {job.name ? <span className="job-name">{job.name}</span> : "Job"} <span className="mono">{job.id}</span>
         </h1>
         {!isTerminal(job.status) && <CancelButton job={job} />}
       </div>
@@ -116,6 +117,22 @@ export function JobHeader({ job }: { job: Job }) {
           {String(spec.type ?? "dflash")}: block size {String(spec.block_size)}, {String(spec.num_layers)} layers,{" "}
           {String(spec.epochs)} epochs, lr {String(spec.lr)}
         </dd>
+        {job.init_from && (
+          <>
+            <dt>Warm start</dt>
+            <dd className="mono">{job.init_from}</dd>
+          </>
+        )}
+        {job.metadata.retrain_of && (
+          <>
+            <dt>Retrains</dt>
+            <dd>
+              <Link to={`/deployments/${job.metadata.retrain_of}`} className="mono">
+                {job.metadata.retrain_of}
+              </Link>
+            </dd>
+          </>
+        )}
         <dt>Served AL</dt>
         <dd>{num(job.served_acceptance_length, 2)}</dd>
         <dt>Created</dt>

@@ -10,6 +10,7 @@ export type Scheduler = "cosine" | "linear" | "none";
 export type GateChoice = "default" | "none" | "custom";
 
 export interface JobForm {
+  name: string; // optional
   dataset: string;
   verifier: string;
   blockSize: string;
@@ -41,6 +42,7 @@ export interface JobForm {
 
 /** The API's defaults (an empty dataset and verifier: they have none). */
 export const DEFAULTS: JobForm = {
+  name: "",
   dataset: "",
   verifier: "",
   blockSize: "16",
@@ -144,6 +146,7 @@ export const NUMBERS: Record<NumberKey, NumberSpec> = {
 };
 
 export const P = {
+  name: "name",
   dataset: "dataset",
   verifier: "verifier",
   targetLayerIds: "speculator.target_layer_ids",
@@ -169,6 +172,7 @@ export const fieldId = (param: string) => `job-${param.replace(/\./g, "-")}`;
 const HF_REPO_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$/;
 const REPO_MAX = 200;
 const REF_MAX = 512; // VerifierRef, and JobCreate.dataset
+const NAME_MAX = 100; // JobCreate.name
 
 function parseNumber(text: string, spec: NumberSpec): number | null | string {
   const t = text.trim();
@@ -208,6 +212,7 @@ function activeNumbers(form: JobForm): NumberKey[] {
 /** The client-side problems, by param. `verifier`: what the preview learnt of it, if anything. */
 export function validate(form: JobForm, verifier?: Verifier): FieldErrors {
   const errors: FieldErrors = {};
+  if (form.name.trim().length > NAME_MAX) errors[P.name] = `At most ${NAME_MAX} characters`;
   if (!form.dataset) errors[P.dataset] = "Choose a dataset, or upload one";
   const ref = form.verifier.trim();
   if (!ref) errors[P.verifier] = "Required: a Hub id such as org/name, or a directory under the models root";
@@ -273,6 +278,7 @@ export function buildBody(form: JobForm): JobCreate {
         }
       : false,
   };
+  if (form.name.trim()) body.name = form.name.trim();
   if (form.runtime) body.runtime = form.runtime;
   if (form.publish.trim()) body.publish = form.publish.trim();
   if (form.gate === "none") body.gate = false;
