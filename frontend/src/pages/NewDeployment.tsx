@@ -6,6 +6,7 @@ import { ApiError, messageOf } from "../api/errors";
 import { Field, FormError, described, useFieldErrors } from "../components/form";
 import { RelTime } from "../components/time";
 import { CaptureFields } from "./deployment/CaptureFields";
+import { epochOf } from "./job/model";
 import { VerdictNote } from "./job/Verdict";
 import {
   CAPTURE_DEFAULTS,
@@ -98,7 +99,7 @@ function CheckpointPreview({ id }: { id: string }) {
       </dd>
       <dt>Epoch</dt>
       <dd>
-        {c.epoch}
+        {epochOf(c.epoch)}
         {c.is_best && <span className="badge good deploy-best">best</span>}
       </dd>
       <dt>Served AL</dt>

@@ -7,7 +7,7 @@ import { useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type Deployment } from "../../api/client";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
-import { evaluationOf, keys as jobKeys, num } from "../job/model";
+import { epochOf, evaluationOf, keys as jobKeys, num } from "../job/model";
 import { shortId } from "./ids";
 import { keys } from "./keys";
 
@@ -34,7 +34,7 @@ function useCandidates(deployment: Deployment): Candidate[] {
   const found = new Map<string, string>();
   for (const c of ofSourceJob.data?.data ?? []) {
     const al = c.served_acceptance_length;
-    found.set(c.id, `epoch ${c.epoch} of ${shortId(c.job_id)}${al != null ? `, served AL ${num(al, 2)}` : ""}`);
+    found.set(c.id, `epoch ${epochOf(c.epoch)} of ${shortId(c.job_id)}${al != null ? `, served AL ${num(al, 2)}` : ""}`);
   }
   for (const job of recent.data?.data ?? []) {
     const evaluation = evaluationOf(job.evaluation);
@@ -42,7 +42,7 @@ function useCandidates(deployment: Deployment): Candidate[] {
     const al = job.served_acceptance_length;
     found.set(
       evaluation.checkpoint_id,
-      `epoch ${evaluation.epoch ?? "?"} of ${shortId(job.id)} (evaluated)${al != null ? `, served AL ${num(al, 2)}` : ""}`,
+      `epoch ${epochOf(evaluation.epoch)} of ${shortId(job.id)} (evaluated)${al != null ? `, served AL ${num(al, 2)}` : ""}`,
     );
   }
   found.delete(source.checkpoint_id ?? "");

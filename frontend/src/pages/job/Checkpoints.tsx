@@ -5,7 +5,7 @@ import { useNavigate } from "react-router-dom";
 import type { Checkpoint } from "../../api/client";
 import { StatusBadge } from "../../components/status";
 import { RelTime } from "../../components/time";
-import { evaluationOf, num } from "./model";
+import { epochOf, evaluationOf, num } from "./model";
 import { PublishForm } from "./PublishForm";
 import { VerdictBadge } from "./Verdict";
 
@@ -59,7 +59,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
     <Fragment>
       <tr className={checkpoint.is_best ? "best" : undefined}>
         <td>
-          <strong>{checkpoint.epoch}</strong>{" "}
+          <strong>{epochOf(checkpoint.epoch)}</strong>{" "}
           {checkpoint.is_best && (
             <span className="badge good" title="The trainer's best checkpoint (lowest validation loss)">
               best
@@ -85,7 +85,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
             <button
               type="button"
               className="small"
-              aria-label={`Publish checkpoint ${checkpoint.epoch}`}
+              aria-label={`Publish checkpoint ${epochOf(checkpoint.epoch)}`}
               aria-expanded={publishing}
               disabled={checkpoint.publish_status === "publishing"}
               onClick={() => setPublishing((open) => !open)}
@@ -95,7 +95,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
             <button
               type="button"
               className="small"
-              aria-label={`Deploy checkpoint ${checkpoint.epoch}`}
+              aria-label={`Deploy checkpoint ${epochOf(checkpoint.epoch)}`}
               onClick={() => navigate(`/deployments/new?checkpoint=${encodeURIComponent(checkpoint.id)}`)}
             >
               Deploy

@@ -6,7 +6,7 @@ import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { api, must, type Checkpoint } from "../../api/client";
 import { ApiError } from "../../api/errors";
 import { Field, FormError, described, useFieldErrors } from "../../components/form";
-import { keys } from "./model";
+import { epochOf, keys } from "./model";
 
 // app/schemas/jobs.py HF_REPO_ID and RepoId's max_length.
 const HF_REPO_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}\/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$/;
@@ -53,7 +53,7 @@ export function PublishForm({
   const id = `publish-${checkpoint.id}`;
   const needsToken = publish.error instanceof ApiError && publish.error.code === "missing_secret";
   return (
-    <form className="publish-form" onSubmit={submit} noValidate aria-label={`Publish checkpoint ${checkpoint.epoch} to the Hub`}>
+    <form className="publish-form" onSubmit={submit} noValidate aria-label={`Publish checkpoint ${epochOf(checkpoint.epoch)} to the Hub`}>
       <Field id={`${id}-repo`} label="Repo id" error={errors.repo_id} hint="A Hugging Face repo such as org/name">
         <input
           {...described(`${id}-repo`, errors.repo_id, true)}

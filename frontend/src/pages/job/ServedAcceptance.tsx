@@ -7,7 +7,7 @@ import { Stat } from "../../components/stat";
 import { Empty } from "../../components/states";
 import { AXIS, ChartCard, colorAt, tooltipNumber } from "./ChartCard";
 import type { Row } from "./metrics";
-import { evaluationOf, isTerminal, num } from "./model";
+import { epochOf, evaluationOf, isTerminal, num } from "./model";
 
 const times = (x: number | null | undefined) => (x == null ? "—" : `×${num(x, 2)}`);
 
@@ -44,7 +44,7 @@ export function ServedAcceptance({
     body = (
       <>
         <p className="hint">
-          The epoch {evaluation.epoch ?? "?"} checkpoint served on {evaluation.prompts ?? "?"} held-out prompts (
+          The epoch {epochOf(evaluation.epoch)} checkpoint served on {evaluation.prompts ?? "?"} held-out prompts (
           {evaluation.prompt_source ?? "unknown source"}). The served mean acceptance length (tokens per verifier pass)
           decides the speedup; the trainer's eal is only its estimate.
         </p>

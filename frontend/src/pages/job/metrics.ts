@@ -54,8 +54,9 @@ export function trainingSeries(metrics: Metric[]): TrainingSeries {
     positionNumbers.add(Number(match[1]));
     return `p${match[1]}`;
   });
+  // Epochs counted from 1 on the chart, as everywhere on the page (the trainer's are from 0).
   const validation = pivot(
-    metrics.filter((m) => m.step == null),
+    metrics.filter((m) => m.step == null).map((m) => ({ ...m, epoch: m.epoch == null ? null : m.epoch + 1 })),
     "epoch",
     (n) => (n === "val/loss_epoch" ? "loss" : n === "val/eal_epoch" ? "eal" : null),
   );

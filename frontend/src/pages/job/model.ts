@@ -35,6 +35,10 @@ export interface Evaluation {
 export const evaluationOf = (value: unknown): Evaluation | null =>
   value && typeof value === "object" ? (value as Evaluation) : null;
 
+/** An epoch as people count it, from 1 (as the progress shows it): the API, the trainer and
+ * the checkpoints number epochs from 0. */
+export const epochOf = (epoch: number | null | undefined): string => (epoch == null ? "?" : String(epoch + 1));
+
 /** A number for people: at most `digits` decimals, "—" for nothing. */
 export function num(value: number | null | undefined, digits = 3): string {
   if (value == null || !Number.isFinite(value)) return "—";
