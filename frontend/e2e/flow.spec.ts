@@ -72,6 +72,9 @@ test.describe.serial("the demo flow", () => {
       await page.getByLabel("Sequence length", { exact: true }).fill("512");
       await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
     }
+    // Under the local runtime there are no GPUs to choose; the form says what suits a CPU.
+    await expect(page.getByTestId("local-resources")).toBeVisible();
+    await expect(page.getByLabel(/^Trainer GPUs/)).toHaveCount(0);
     await page.getByLabel("Name", { exact: true }).fill(options.name);
     const dataset = page.getByLabel("Dataset", { exact: true });
     await expect(dataset.locator(`option[value="${datasetId}"]`)).toHaveCount(1);

@@ -360,16 +360,25 @@ export default function NewJob() {
                 "Runtime",
                 [
                   ["", "Server default"],
-                  ["local", "local (transformers, CPU)"],
+                  ["local", "local (vLLM and the trainer on the CPU)"],
                   ["vllm", "vllm (GPUs)"],
                 ] satisfies [Runtime, string][],
               )}
-              <div className="grid2">
-                {numberField("tensorParallel")}
-                {numberField("dataParallel")}
-              </div>
-              {numberField("trainerGpus")}
-              {checkField("shareGpus", P.shareGpus, "Trainer shares the verifier's GPUs (a host with one GPU)")}
+              {form.runtime === "local" ? (
+                <p className="hint" data-testid="local-resources">
+                  The local runtime runs on a worker's CPU: there are no GPUs to choose. On two cores the API's defaults
+                  (20 epochs of 8192-token sequences) take hours; “Use demo settings” is sized for a CPU.
+                </p>
+              ) : (
+                <>
+                  <div className="grid2">
+                    {numberField("tensorParallel")}
+                    {numberField("dataParallel")}
+                  </div>
+                  {numberField("trainerGpus")}
+                  {checkField("shareGpus", P.shareGpus, "Trainer shares the verifier's GPUs (a host with one GPU)")}
+                </>
+              )}
             </fieldset>
 
             <fieldset className="card">

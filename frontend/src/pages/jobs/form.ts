@@ -205,6 +205,7 @@ function activeNumbers(form: JobForm): NumberKey[] {
   return (Object.keys(NUMBERS) as NumberKey[]).filter((key) => {
     if (key === "evalPrompts" || key === "evalMaxTokens") return form.evaluate;
     if (key === "gateMinAL" || key === "gateMinSpeedup") return form.gate === "custom";
+    if (key === "tensorParallel" || key === "dataParallel" || key === "trainerGpus") return form.runtime !== "local";
     return true;
   });
 }
@@ -260,14 +261,19 @@ export function buildBody(form: JobForm): JobCreate {
       seed: num(form, "seed"),
     },
     mode: form.mode,
-    resources: {
-      verifier: {
-        tensor_parallel_size: num(form, "tensorParallel"),
-        data_parallel_size: num(form, "dataParallel"),
-      },
-      trainer_gpus: num(form, "trainerGpus"),
-      share_verifier_gpus: form.shareGpus,
-    },
+    // The local runtime has no GPUs to choose (the form hides the fields).
+    ...(form.runtime === "local"
+      ? {}
+      : {
+          resources: {
+            verifier: {
+              tensor_parallel_size: num(form, "tensorParallel"),
+              data_parallel_size: num(form, "dataParallel"),
+            },
+            trainer_gpus: num(form, "trainerGpus"),
+            share_verifier_gpus: form.shareGpus,
+          },
+        }),
     evaluate: form.evaluate
       ? {
           prompts: num(form, "evalPrompts"),
