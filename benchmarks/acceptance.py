@@ -45,7 +45,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks._stack import free_port, load, machine, table  # noqa: E402
+from benchmarks._stack import exit_on_sigterm, free_port, load, machine, table  # noqa: E402
 
 SPECDECK = str(Path(sys.executable).parent / "specdeck")
 MODEL = "acceptance"  # the name each engine serves
@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a SIGTERM still stops `specdeck run` and the engines (the finally blocks)
     if (args.verifier is None) != (args.drafter is None):
         parser.error("--verifier and --drafter go together")
 
