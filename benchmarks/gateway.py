@@ -7,6 +7,8 @@ proxies are what is measured):
 * direct: the upstream itself;
 * specdeck: a real ``specdeck api`` (Postgres; a key, a project and a ready deployment row pointing
   at the upstream, with its encrypted internal key): auth, rate limit, routing, usage recording;
+* specdeck-2p: the same with ``--workers 2``, two API processes behind one port (their CPU is the
+  process tree's);
 * litellm: LiteLLM's proxy (``litellm --config``, a master key, the same upstream as an
   ``openai/`` model), if it is installed (see below); skipped with a message otherwise.
 
@@ -28,7 +30,10 @@ upstream) spent per request, read from /proc around each round. Two upstreams:
 * unpaced: 8 chunks with no pause at all, everything CPU-bound on the same cores (the client, the
   proxy and the upstream compete for them): what a request costs the proxy in CPU.
 
-Targets: added p50 <= 1 ms, >= 90 % of the direct throughput, below LiteLLM's added latency.
+Targets: added p50 <= 1 ms, >= 90 % of the direct throughput, below LiteLLM's added latency;
+issue 22's: added p50 <= 0.25 ms, proxy CPU per request <= 2x the upstream's, unpaced >= 50 % of
+direct. ``--json`` prints one JSON object as the last line (the single-process figures, and the
+same under "two_api_processes").
 
 LiteLLM is not a SpecDeck dependency (``litellm[proxy]`` pins versions of openai, fastapi and
 huggingface_hub that the project does not use): install it in a venv of its own,
@@ -38,7 +43,7 @@ huggingface_hub that the project does not use): install it in a venv of its own,
 and the script finds ``var/litellm-venv/bin/litellm`` (or ``--litellm PATH``, or ``litellm`` on
 the PATH).
 
-    .venv/bin/python benchmarks/gateway.py [--quick] [--requests N] [--concurrency N]
+    .venv/bin/python benchmarks/gateway.py [--quick] [--requests N] [--concurrency N] [--json]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import statistics
@@ -79,6 +85,10 @@ from _stack import (  # noqa: E402
 TARGET_ADDED_P50 = 0.001  # seconds
 TARGET_CAPTURE_P50 = 0.0001  # what capture at sample rate 1.0 may add to the gateway's p50
 TARGET_THROUGHPUT = 0.90
+# Issue 22's: what the gateway may add, and cost, next to the engine it fronts.
+TARGET_ADDED_P50_NOW = 0.00025  # seconds
+TARGET_CPU_RATIO = 2.0  # proxy CPU per request over the upstream's (unpaced)
+TARGET_UNPACED_SHARE = 0.50
 UPSTREAM_KEY = "bench-upstream-key"
 LITELLM_KEY = "sk-bench-litellm-master"
 MODEL, PACED = "bench", "bench-paced"
@@ -215,9 +225,19 @@ async def measure_latency(targets: Sequence[Target], requests: int, warmup: int,
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of a process and its live descendants (an API started
+    with --workers serves from its children)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in (root, *root.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 @dataclass
@@ -473,6 +493,41 @@ def capture_report(latency: dict[str, Latencies], cold: dict[str, Latencies],
           f"{captured[2]} (limits)")
 
 
+def summary(latency: dict[str, Latencies], throughput: dict[str, dict[str, list[Throughput]]],
+            name: str) -> dict[str, float]:
+    """One proxy's figures against the direct upstream (latency in a row; unpaced throughput)."""
+    def added(kind: str, q: float) -> float:
+        return (percentile(latency[name].samples[kind], q)
+                - percentile(latency["direct"].samples[kind], q)) * 1000
+
+    unpaced = throughput["unpaced"]
+    proxy = statistics.median(run.cpu.get("proxy", 0.0) for run in unpaced[name])
+    upstream = statistics.median(run.cpu.get("upstream", 0.0) for run in unpaced["direct"])
+    return {"added_p50_ms": round(added(KINDS[0], 50), 4),
+            "added_p99_ms": round(added(KINDS[0], 99), 4),
+            "stream_added_p50_ms": round(added(KINDS[2], 50), 4),
+            "proxy_cpu_us": round(proxy * 1e6, 1), "upstream_cpu_us": round(upstream * 1e6, 1),
+            "proxy_cpu_ratio": round(proxy / upstream, 3) if upstream else math.nan,
+            "unpaced_share_of_direct": round(median_rate(unpaced[name])
+                                             / median_rate(unpaced["direct"]), 4)}
+
+
+def targets_now(figures: dict[str, dict[str, float]]) -> None:
+    """Issue 22's targets, for one API process and for two."""
+    print("\nIssue 22's targets (non-streaming latency in a row; unpaced throughput):")
+    for name, f in figures.items():
+        checks = [(f"added p50 <= {TARGET_ADDED_P50_NOW * 1000:.2f} ms",
+                   f"{f['added_p50_ms']:.3f} ms", f["added_p50_ms"] <= TARGET_ADDED_P50_NOW * 1000),
+                  (f"proxy CPU <= {TARGET_CPU_RATIO:.0f}x the upstream's",
+                   f"{f['proxy_cpu_us']:.0f} vs {f['upstream_cpu_us']:.0f} us "
+                   f"({f['proxy_cpu_ratio']:.2f}x)", f["proxy_cpu_ratio"] <= TARGET_CPU_RATIO),
+                  (f"unpaced >= {TARGET_UNPACED_SHARE:.0%} of direct",
+                   f"{f['unpaced_share_of_direct']:.1%}",
+                   f["unpaced_share_of_direct"] >= TARGET_UNPACED_SHARE)]
+        for label, value, met in checks:
+            print(f"- {name}: {label}: {value}: {'met' if met else 'MISSED'}")
+
+
 # --- main --------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:
@@ -492,6 +547,8 @@ def main(argv: list[str] | None = None) -> None:
                         "a second deployment of the same upstream, a target of its own")
     parser.add_argument("--access-log", action="store_true",
                         help="run specdeck api with uvicorn's access log (off by default)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the figures of issue 22's targets as one JSON object, last")
     args = parser.parse_args(argv)
     requests = args.requests or (300 if args.quick else 2000)
     seconds = args.seconds or (2.0 if args.quick else 4.0)
@@ -529,14 +586,20 @@ def main(argv: list[str] | None = None) -> None:
         if args.capture:
             add_deployment(database_url, "bench", CAPTURED, upstream, capture=True)
             add_deployment(database_url, "bench", PACED_CAPTURED, paced, capture=True)
-        api_port = free_port()
-        argv_api = [str(Path(sys.executable).parent / "specdeck"), "api", "--host", HOST,
-                    "--port", str(api_port)] + ([] if args.access_log else ["--no-access-log"])
-        procs.start("specdeck-api", argv_api, env)
-        wait_http(procs, "specdeck-api", f"http://{HOST}:{api_port}/healthz", 60)
+        api_ports = {}
+        for name, workers in (("specdeck-api", 1), ("specdeck-api-2p", 2)):
+            api_ports[name] = free_port()
+            argv_api = [str(Path(sys.executable).parent / "specdeck"), "api", "--host", HOST,
+                        "--port", str(api_ports[name]), "--workers", str(workers)]
+            procs.start(name, argv_api + ([] if args.access_log else ["--no-access-log"]), env)
+        for name, port in api_ports.items():
+            wait_http(procs, name, f"http://{HOST}:{port}/healthz", 60)
+        api_port = api_ports["specdeck-api"]
         pids = {proc.name: proc.proc.pid for proc in procs.children}
         targets = [Target("direct", upstream, UPSTREAM_KEY, pids["upstream"]),
-                   Target("specdeck", api_port, key, pids["specdeck-api"])]
+                   Target("specdeck", api_port, key, pids["specdeck-api"]),
+                   Target("specdeck-2p", api_ports["specdeck-api-2p"], key,
+                          pids["specdeck-api-2p"])]
         if args.capture:
             targets.append(Target("capture", api_port, key, pids["specdeck-api"], CAPTURED))
         if litellm is not None:
@@ -560,7 +623,12 @@ def main(argv: list[str] | None = None) -> None:
            skipped)
     if captured is not None:
         capture_report(latency, cold, throughput, captured)
+    figures = {name: summary(latency, throughput, name) for name in ("specdeck", "specdeck-2p")}
+    targets_now(figures)
     print(f"\n(total {time.monotonic() - started:.0f} s)")
+    if args.json:
+        print(json.dumps({**figures["specdeck"], "two_api_processes": figures["specdeck-2p"],
+                          "machine": machine(), "command": command}))
 
 
 async def measure_all(
