@@ -390,12 +390,13 @@ test.describe.serial("the demo flow", () => {
       await page.goto("/jobs");
       const rows = page.getByRole("table").getByRole("row").filter({ has: page.locator("td") });
       await expect(rows.filter({ hasText: jobId })).toContainText(JOB_NAME);
-      await page.getByLabel("Name", { exact: true }).fill(`drafter ${run}`.toUpperCase());
+      const typed = `drafter ${run}`.toUpperCase();
+      await page.getByLabel("Name", { exact: true }).fill(typed);
       await expect(page).toHaveURL(new RegExp(`/jobs\\?name=DRAFTER\\+${run}$`, "i"));
       await expect(rows).toHaveCount(1);
       await expect(rows.first()).toContainText(jobId);
       await page.reload();
-      await expect(page.getByLabel("Name", { exact: true })).toHaveValue(`DRAFTER ${run}`);
+      await expect(page.getByLabel("Name", { exact: true })).toHaveValue(typed);
       await expect(rows).toHaveCount(1);
       await page.getByLabel("Name", { exact: true }).fill(`no job is named this ${run}`);
       await expect(page.getByText(`No jobs named like “no job is named this ${run}”.`)).toBeVisible();
