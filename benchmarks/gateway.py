@@ -90,6 +90,7 @@ TARGET_ADDED_P50_NOW = 0.00025  # seconds
 TARGET_CPU_RATIO = 2.0  # proxy CPU per request over the upstream's (unpaced)
 TARGET_UNPACED_SHARE = 0.50
 UPSTREAM_KEY = "bench-upstream-key"
+REDIS_URL = os.environ.get("SPECDECK_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 LITELLM_KEY = "sk-bench-litellm-master"
 MODEL, PACED = "bench", "bench-paced"
 CAPTURED, PACED_CAPTURED = "bench-captured", "bench-paced-captured"  # the same, capturing
@@ -576,7 +577,10 @@ def main(argv: list[str] | None = None) -> None:
         upstream = start_upstream(procs, "upstream", "--tokens", str(TOKENS))
         paced = start_upstream(procs, "upstream-paced", "--tokens", str(PACED_TOKENS),
                                "--delay", str(PACE))
+        # Redis as the broker, as in production (docker-compose.yml): the rate limit is the one
+        # bucket per key in Redis that every API process shares (app/services/limits.py).
         env = base_env(SPECDECK_DATABASE_URL=database_url, **roots(tmp / "specdeck"),
+                       SPECDECK_BROKER_URL=REDIS_URL,
                        SPECDECK_GATEWAY_RATE_LIMIT_RPM="100000000",
                        SPECDECK_GATEWAY_RATE_LIMIT_BURST="1000000")
         specdeck(env, "db", "upgrade")
