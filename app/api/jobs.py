@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -196,40 +196,56 @@ def get_logs(job_id: str, key: CurrentKey, session: SessionDep, settings: Settin
     """The last ``tail`` lines of the job's log (all its processes; secrets redacted). With
     ``after`` (the X-Log-Offset of the previous answer): the lines written since, waiting up to
     ``wait`` seconds for the first of them while the job runs, so that a reader following the
-    log asks once per batch of new lines. A line still being written comes with the next read."""
+    log asks once per batch of new lines, and answering within a second of the job's end
+    (X-Log-Ended: true). A line still being written comes with the next read."""
     job = service.get_job(session, key.project_id, job_id)
     path, running = service.job_log_path(job, settings), JobStatus(job.status) not in TERMINAL
+    job_id, project_id = job.id, key.project_id
     session.close()  # hold no connection while waiting
     if after is None:
         text, offset = tail_lines(path, tail)
         return PlainTextResponse(text, headers={"X-Log-Offset": str(offset),
                                                 "X-Log-Ended": str(not running).lower()})
-    return LogLines(path, after, wait if running else 0, ended=not running)
+    if not running:
+        return LogLines(path, after, 0, has_ended=lambda: True)
+    return LogLines(path, after, wait, has_ended=lambda: _has_ended(job_id, project_id))
+
+
+def _has_ended(job_id: str, project_id: str) -> bool:
+    with get_sessionmaker()() as session:
+        return JobStatus(service.get_job(session, project_id, job_id).status) in TERMINAL
 
 
 class LogLines(Response):
-    """The lines of a log after an offset, once there are some or ``wait`` seconds have passed
-    (or the client went away)."""
+    """The lines of a log after an offset, once there are some, the job has ended (looked up
+    every STATUS_POLL seconds), ``wait`` seconds have passed, or the client went away."""
 
     POLL = 0.25
+    STATUS_POLL = 1.0
 
-    def __init__(self, path: Path, after: int, wait: float, *, ended: bool) -> None:
+    def __init__(self, path: Path, after: int, wait: float, *,
+                 has_ended: Callable[[], bool]) -> None:
         super().__init__(media_type="text/plain")
-        self.path, self.after, self.wait, self.ended = path, after, wait, ended
+        self.path, self.after, self.wait, self.has_ended = path, after, wait, has_ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
+        loop = asyncio.get_running_loop()
         try:
-            deadline = asyncio.get_running_loop().time() + self.wait
+            deadline, look = loop.time() + self.wait, loop.time()
+            ended = False
             while True:
+                if loop.time() >= look:  # before reading: what it wrote until its end is read
+                    ended = await asyncio.to_thread(self.has_ended)
+                    look = loop.time() + self.STATUS_POLL
                 text, offset = read_after(self.path, self.after)
-                if text or gone.done() or asyncio.get_running_loop().time() >= deadline:
+                if text or ended or gone.done() or loop.time() >= deadline:
                     break
                 await asyncio.sleep(self.POLL)
         finally:
             gone.cancel()
         self.body = self.render(text)
-        self.init_headers({"X-Log-Offset": str(offset), "X-Log-Ended": str(self.ended).lower()})
+        self.init_headers({"X-Log-Offset": str(offset), "X-Log-Ended": str(ended).lower()})
         await super().__call__(scope, receive, send)
 
 

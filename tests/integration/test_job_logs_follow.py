@@ -66,6 +66,17 @@ def test_the_log_is_read_by_offset_waiting_for_new_lines(api: Api, stack: Stack,
     path.write_text("fresh\n")
     assert api.get(f"/api/jobs/{job_id}/logs", params={"after": offset}).text == "fresh\n"
 
+    # A reader waiting when the job ends is answered then, and told so.
+    answers.clear()
+    reader = threading.Thread(target=lambda: answers.append(api.get(
+        f"/api/jobs/{job_id}/logs", params={"after": len("fresh\n"), "wait": 30})))
+    reader.start()
+    time.sleep(0.5)
+    assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    reader.join(60)
+    [end] = answers
+    assert end.text == "" and end.headers["X-Log-Ended"] == "true"
+
     for bad in ({"after": -1}, {"wait": 31}, {"wait": "soon"}):
         assert_error(api.get(f"/api/jobs/{job_id}/logs", params=bad), 422, "invalid_value")
 
@@ -121,9 +132,9 @@ def test_the_cli_follows_a_running_jobs_log_until_it_ends(pg_stack: Stack, pg_jo
         wait_for(lambda: out == ["two\n", "three\n"], 60, "the last two lines")
         append(path, "four\n")
         wait_for(lambda: out[-1:] == ["four\n"], 60, "the line written while following")
+        append(path, "cancelled\n")  # the job's last line, then its end
         assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
-        append(path, "cancelled\n")  # what the waiting request answers; the next one says ended
-        assert cli.wait(60) == 0
+        assert cli.wait(60) == 0  # told the job ended, within a second of it
         assert "".join(out) == "two\nthree\nfour\ncancelled\n"
     finally:
         if cli is not None and cli.poll() is None:
