@@ -20,8 +20,9 @@ def tail_lines(path: Path, lines: int) -> tuple[str, int]:
     for ``read_after`` (a line still being written comes with the next read)."""
     data, start = _read_back(path, lines)
     complete = data.rfind(b"\n") + 1
-    text = data[:complete].decode("utf-8", errors="replace")
-    return "".join(text.splitlines(keepends=True)[-lines:]), start + complete
+    # Split at newlines only: a progress bar redrawn with "\r" is one line, as the reader shows it.
+    kept = data[:complete].split(b"\n")[:-1][-lines:]
+    return b"".join(line + b"\n" for line in kept).decode("utf-8", errors="replace"), start + complete
 
 
 def _read_back(path: Path, lines: int) -> tuple[bytes, int]:
