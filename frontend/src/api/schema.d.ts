@@ -201,7 +201,8 @@ export interface paths {
          * @description The last ``tail`` lines of the job's log (all its processes; secrets redacted). With
          *     ``after`` (the X-Log-Offset of the previous answer): the lines written since, waiting up to
          *     ``wait`` seconds for the first of them while the job runs, so that a reader following the
-         *     log asks once per batch of new lines. A line still being written comes with the next read.
+         *     log asks once per batch of new lines, and answering within a second of the job's end
+         *     (X-Log-Ended: true). A line still being written comes with the next read.
          */
         get: operations["get_logs_api_jobs__job_id__logs_get"];
         put?: never;
