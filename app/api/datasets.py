@@ -19,7 +19,8 @@ from app.api.deps import CurrentKey, SessionDep, SettingsDep
 from app.api.links import links
 from app.errors import APIError, echo, error_responses
 from app.schemas.common import Page, inline_schema, text_problem
-from app.schemas.datasets import NAME_MAX, DatasetOut, PublicDatasetCreate
+from app.schemas.datasets import NAME_MAX, DatasetOut, DatasetPreview, PublicDatasetCreate
+from app.services import dataset_preview
 from app.services import datasets as service
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"],
@@ -93,6 +94,18 @@ def list_datasets(key: CurrentKey, session: SessionDep, limit: Limit = 20,
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=error_responses(404))
 def get_dataset(dataset_id: str, key: CurrentKey, session: SessionDep) -> DatasetOut:
     return service.dataset_out(service.get_dataset(session, key.project_id, dataset_id))
+
+
+@router.get("/{dataset_id}/rows", response_model=DatasetPreview,
+            responses=error_responses(404, 409))
+def preview_rows(dataset_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep,
+                 offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+                 limit: Annotated[int, Query(ge=1, le=50)] = 5) -> DatasetPreview:
+    """A page of the dataset's rows as a reader sees them: each turn's role and text (cut to
+    2,000 characters). Uploads and captures; a public preset answers 409 (``no_preview``): the
+    worker downloads it when a job trains on it."""
+    dataset = service.get_dataset(session, key.project_id, dataset_id)
+    return dataset_preview.preview(session, dataset, settings, offset=offset, limit=limit)
 
 
 @router.delete("/{dataset_id}", status_code=204, response_class=Response,

@@ -49,3 +49,28 @@ class DatasetOut(BaseModel):
     created_at: datetime
     # Capture datasets (traffic recorded by a deployment's gateway route): settings, counters.
     capture: CaptureOut | None = None
+
+
+class PreviewTurn(BaseModel):
+    role: str = Field(description="system, user, assistant or tool (ShareGPT's human and gpt "
+                      "are shown as user and assistant)")
+    text: str = Field(description="The turn's text (a list of content parts: its text parts "
+                      "joined), cut to a readable length")
+    cut: bool = Field(description="The text was longer and is cut")
+
+
+class PreviewRow(BaseModel):
+    object: Literal["specdeck.dataset.row"] = "specdeck.dataset.row"
+    index: int = Field(description="The row's place in the dataset, from 0 (uploads: blank "
+                       "lines not counted; captures: oldest first)")
+    turns: list[PreviewTurn]
+
+
+class DatasetPreview(BaseModel):
+    """A page of a dataset's rows, as a reader sees them: pass ``offset + len(data)`` back as
+    ``offset`` for the next page."""
+
+    object: Literal["list"] = "list"
+    data: list[PreviewRow]
+    offset: int
+    has_more: bool

@@ -130,6 +130,24 @@ test.describe.serial("the demo flow", () => {
       datasetId = /ds_[0-9a-f]{24}/.exec((await row.textContent()) ?? "")?.[0] ?? "";
       expect(datasetId, "the new row shows the dataset's id").not.toBe("");
     });
+
+    await test.step("3b. preview the dataset's rows, a page at a time", async () => {
+      const lines = fs.readFileSync(env("SPECDECK_DEMO_DATA"), "utf8").split("\n").filter((l) => l.trim());
+      // The demo conversations are ShareGPT lines: {"conversations": [{"from", "value"}, ...]}.
+      const turnsOf = (line: string) =>
+        (JSON.parse(line) as { conversations: { from: string; value: string }[] }).conversations.map((t) => t.value.slice(0, 40).trim());
+      await page.getByRole("button", { name: `Preview the rows of ${DATASET_NAME}` }).click();
+      const preview = page.getByRole("region", { name: `Rows of ${DATASET_NAME}` });
+      const first = preview.getByRole("listitem", { name: "Row 1" });
+      for (const text of turnsOf(lines[0])) await expect(first).toContainText(text);
+      await expect(preview).toContainText(`Rows 1–5 of ${lines.length}`);
+      await preview.getByRole("button", { name: "Next" }).click();
+      await expect(preview).toContainText(`Rows 6–10 of ${lines.length}`);
+      await expect(preview.getByRole("listitem", { name: "Row 6" })).toContainText(turnsOf(lines[5])[0]);
+      await screenshotSizes(page, preview, "dataset-preview");
+      await page.getByRole("button", { name: `Hide the rows of ${DATASET_NAME}` }).click();
+      await expect(preview).toHaveCount(0);
+    });
   });
 
   test("train the demo drafter and watch it", async () => {

@@ -212,3 +212,14 @@ def test_secrets_rotate_re_encrypts_captured_rows(api: Api, body, tmp_path: Path
         with pytest.raises(RuntimeError, match="cannot be decrypted"):
             capture.export_jsonl(session, dataset_id, target, cipher(old))
     assert not (tmp_path / "rows.jsonl.partial").exists()
+
+
+def test_preview_shows_captured_rows_decrypted_oldest_first(api: Api, body) -> None:  # noqa: F811
+    dataset_id = api.post("/api/deployments", json=body(capture={})).json()["capture"]["dataset_id"]
+    record(dataset_id, 1, reply="four")
+    record(dataset_id, 2, reply="4")
+    page = api.get(f"/api/datasets/{dataset_id}/rows", params={"limit": 2}).json()
+    assert page["has_more"] is True
+    assert [[(t["role"], t["text"]) for t in row["turns"]] for row in page["data"]] == [
+        [("user", "what is two plus two"), ("assistant", "four")],
+        [("user", "what is two plus two"), ("assistant", "4")]]

@@ -403,3 +403,48 @@ def test_bad_upload_form(api: Api, stack: Stack, files, status, code, param) -> 
     error = response.json()["error"]
     assert error["code"] == code and error["param"] == param and error["message"]
     assert count_datasets(stack) == before
+
+
+def test_preview_pages_through_an_uploads_rows(api: Api, make_api) -> None:
+    long_reply = {"role": "assistant", "content": [{"type": "text", "text": "x" * 2500}]}
+    content = jsonl(MESSAGES, {"messages": [USER, ASSISTANT]},
+                    {"messages": [USER, long_reply]}) + b"\n"
+    dataset = created(upload(api, content))
+    rows_url = f"/api/datasets/{dataset['id']}/rows"
+
+    first = api.get(rows_url, params={"limit": 2}).json()
+    assert (first["object"], first["offset"], first["has_more"]) == ("list", 0, True)
+    assert [row["index"] for row in first["data"]] == [0, 1]
+    assert first["data"][0]["turns"] == [
+        {"role": "system", "text": "Be brief.", "cut": False},
+        {"role": "user", "text": "What is 2 + 2?", "cut": False},
+        {"role": "assistant", "text": "4.", "cut": False}]
+    assert [(t["role"], t["text"]) for t in first["data"][1]["turns"]] == [
+        ("user", "What is 2 + 2?"), ("assistant", "4.")]
+
+    rest = api.get(rows_url, params={"offset": 2, "limit": 2}).json()
+    assert (rest["offset"], rest["has_more"]) == (2, False)
+    [row] = rest["data"]  # the blank last line is no row
+    assert row["index"] == 2 and row["turns"][1] == {"role": "assistant", "text": "x" * 2000,
+                                                     "cut": True}
+    assert api.get(rows_url, params={"offset": 3}).json()["data"] == []
+
+    assert_error(api.get(rows_url, params={"limit": 51}), 422, "invalid_value", "limit")
+    assert_error(api.get(rows_url, params={"offset": -1}), 422, "invalid_value", "offset")
+    assert_error(make_api(api).get(rows_url), 404, "not_found")  # another project's
+
+    # ShareGPT's human and gpt read as user and assistant.
+    sharegpt = created(upload(api, jsonl(CONVERSATIONS)))
+    [row] = api.get(f"/api/datasets/{sharegpt['id']}/rows").json()["data"]
+    assert [(t["role"], t["text"]) for t in row["turns"]] == [("user", "Hi"),
+                                                              ("assistant", "Hello!")]
+
+
+def test_preview_of_a_public_preset_or_a_lost_file_is_409(api: Api, stack: Stack) -> None:
+    public = created(api.post("/api/datasets", json={"public": "sharegpt"}))
+    error = assert_error(api.get(f"/api/datasets/{public['id']}/rows"), 409, "no_preview")
+    assert "downloads it" in error["message"]
+
+    dataset = created(upload(api, jsonl(MESSAGES)))
+    (stack.data_root / "datasets" / f"{dataset['sha256']}.jsonl").unlink()
+    assert_error(api.get(f"/api/datasets/{dataset['id']}/rows"), 409, "dataset_file_missing")

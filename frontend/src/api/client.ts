@@ -12,6 +12,7 @@ export type JobEvent = Schemas["EventOut"];
 export type Checkpoint = Schemas["CheckpointOut"];
 export type Verdict = Schemas["Verdict"];
 export type Dataset = Schemas["DatasetOut"];
+export type DatasetPreview = Schemas["DatasetPreview"];
 export type Deployment = Schemas["DeploymentOut"];
 export type Plan = Schemas["PlanOut"];
 export type Worker = Schemas["WorkerOut"];

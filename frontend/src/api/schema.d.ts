@@ -287,6 +287,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/datasets/{dataset_id}/rows": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Preview Rows
+         * @description A page of the dataset's rows as a reader sees them: each turn's role and text (cut to
+         *     2,000 characters). Uploads and captures; a public preset answers 409 (``no_preview``): the
+         *     worker downloads it when a job trains on it.
+         */
+        get: operations["preview_rows_api_datasets__dataset_id__rows_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/secrets/{name}": {
         parameters: {
             query?: never;
@@ -956,6 +978,25 @@ export interface components {
              */
             created_at: string;
             capture?: components["schemas"]["CaptureOut"] | null;
+        };
+        /**
+         * DatasetPreview
+         * @description A page of a dataset's rows, as a reader sees them: pass ``offset + len(data)`` back as
+         *     ``offset`` for the next page.
+         */
+        DatasetPreview: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["PreviewRow"][];
+            /** Offset */
+            offset: number;
+            /** Has More */
+            has_more: boolean;
         };
         /**
          * DeploySpec
@@ -1860,6 +1901,40 @@ export interface components {
             };
             /** Stages */
             stages: components["schemas"]["StagePlanOut"][];
+        };
+        /** PreviewRow */
+        PreviewRow: {
+            /**
+             * Object
+             * @default specdeck.dataset.row
+             * @constant
+             */
+            object: "specdeck.dataset.row";
+            /**
+             * Index
+             * @description The row's place in the dataset, from 0 (uploads: blank lines not counted; captures: oldest first)
+             */
+            index: number;
+            /** Turns */
+            turns: components["schemas"]["PreviewTurn"][];
+        };
+        /** PreviewTurn */
+        PreviewTurn: {
+            /**
+             * Role
+             * @description system, user, assistant or tool (ShareGPT's human and gpt are shown as user and assistant)
+             */
+            role: string;
+            /**
+             * Text
+             * @description The turn's text (a list of content parts: its text parts joined), cut to a readable length
+             */
+            text: string;
+            /**
+             * Cut
+             * @description The text was longer and is cut
+             */
+            cut: boolean;
         };
         /** ProjectRef */
         ProjectRef: {
@@ -3592,6 +3667,87 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The resource's current state does not allow this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    preview_rows_api_datasets__dataset_id__rows_get: {
+        parameters: {
+            query?: {
+                offset?: number;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                dataset_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DatasetPreview"];
+                };
             };
             /** @description Missing or invalid API key */
             401: {

@@ -8,6 +8,8 @@ import { Field, described } from "../components/form";
 import { Pager, useCursor } from "../components/pager";
 import { QueryState } from "../components/states";
 import { RelTime } from "../components/time";
+import { DatasetPreview } from "./datasets/Preview";
+import "./datasets/datasets.css";
 
 export function bytes(n: number | null | undefined): string {
   if (n == null) return "—";
@@ -102,37 +104,59 @@ export function UploadDataset({ onUploaded }: { onUploaded?: (dataset: Dataset) 
 
 function DatasetRow({ dataset, target }: { dataset: Dataset; target: boolean }) {
   const queryClient = useQueryClient();
+  const [previewing, setPreviewing] = useState(false);
+  // A public preset's rows are downloaded by the worker when a job trains on it.
+  const previewable = dataset.kind !== "public" && (dataset.num_conversations ?? 0) > 0;
   const remove = useMutation({
     mutationFn: () => must(api.DELETE("/api/datasets/{dataset_id}", { params: { path: { dataset_id: dataset.id } } })),
     onSuccess: () => queryClient.invalidateQueries({ queryKey: ["datasets"] }),
   });
   return (
-    <tr id={dataset.id} className={target ? "target" : undefined}>
-      <td>
-        <strong>{dataset.name}</strong>
-        <div className="mono dim">{dataset.id}</div>
-      </td>
-      <td>
-        {dataset.kind === "public"
-          ? `public: ${dataset.public_name}`
-          : dataset.kind === "capture"
-            ? "captured traffic"
-            : dataset.format}
-      </td>
-      <td className="num">{dataset.num_conversations ?? "—"}</td>
-      <td className="num">{bytes(dataset.num_bytes)}</td>
-      <td>
-        <RelTime at={dataset.created_at} />
-      </td>
-      <td>
-        <ConfirmAction
-          label="Delete"
-          name={`Delete dataset ${dataset.name}`}
-          question={`Delete dataset "${dataset.name}"?`}
-          action={remove}
-        />
-      </td>
-    </tr>
+    <>
+      <tr id={dataset.id} className={target ? "target" : undefined}>
+        <td>
+          <strong>{dataset.name}</strong>
+          <div className="mono dim">{dataset.id}</div>
+        </td>
+        <td>
+          {dataset.kind === "public"
+            ? `public: ${dataset.public_name}`
+            : dataset.kind === "capture"
+              ? "captured traffic"
+              : dataset.format}
+        </td>
+        <td className="num">{dataset.num_conversations ?? "—"}</td>
+        <td className="num">{bytes(dataset.num_bytes)}</td>
+        <td>
+          <RelTime at={dataset.created_at} />
+        </td>
+        <td className="actions">
+          {previewable && (
+            <button
+              type="button"
+              aria-expanded={previewing}
+              aria-label={`${previewing ? "Hide" : "Preview"} the rows of ${dataset.name}`}
+              onClick={() => setPreviewing(!previewing)}
+            >
+              {previewing ? "Hide" : "Preview"}
+            </button>
+          )}
+          <ConfirmAction
+            label="Delete"
+            name={`Delete dataset ${dataset.name}`}
+            question={`Delete dataset "${dataset.name}"?`}
+            action={remove}
+          />
+        </td>
+      </tr>
+      {previewing && (
+        <tr className="preview-row">
+          <td colSpan={6}>
+            <DatasetPreview dataset={dataset} />
+          </td>
+        </tr>
+      )}
+    </>
   );
 }
 
