@@ -419,6 +419,32 @@ test.describe.serial("the demo flow", () => {
       await page.getByLabel("Name", { exact: true }).fill(`no job is named this ${run}`);
       await expect(page.getByText(`No jobs named like “no job is named this ${run}”.`)).toBeVisible();
     });
+
+    await test.step("13d. clone the demo job: the New job form holds its settings", async () => {
+      await page.goto(`/jobs/${jobId}`);
+      await page.getByRole("link", { name: `Clone job ${jobId}` }).click();
+      await expect(page).toHaveURL(new RegExp(`/jobs/new\\?clone=${jobId}$`));
+      await expect(page.getByTestId("clone-note")).toContainText(`A copy of the settings of job ${JOB_NAME}`);
+      await expect(page.getByLabel("Name", { exact: true })).toHaveValue(`${JOB_NAME} (clone)`);
+      await expect(page.getByLabel("Dataset", { exact: true })).toHaveValue(datasetId);
+      await expect(page.getByLabel("Verifier", { exact: true })).toHaveValue("demo");
+      await expect(page.getByLabel("Runtime", { exact: true })).toHaveValue("local");
+      await expect(page.getByLabel("Epochs", { exact: true })).toHaveValue("2");
+      await expect(page.getByLabel("Block size", { exact: true })).toHaveValue("8");
+      await expect(page.getByLabel("Evaluate after training", { exact: true })).toBeChecked();
+      await expect(page.getByLabel(/^Measure the speedup/)).not.toBeChecked();
+      await expect(page.getByLabel(/^Compare with n-gram/)).not.toBeChecked();
+      // The copy is a valid job: the API plans it (POST /api/jobs/plan) without a complaint.
+      await expect(page.getByTestId("local-resources")).toBeVisible();
+      const plan = page.getByRole("region", { name: "Plan preview" });
+      await expect(plan.locator(".plan-stages > li").first()).toBeVisible({ timeout: 30_000 });
+      await expect(plan.getByRole("alert")).toHaveCount(0);
+      await page.screenshot({ path: screenshotPath("new-job-clone", 1280, 800), fullPage: true });
+      // A job that does not exist: said, and the form stays usable.
+      await page.goto("/jobs/new?clone=job_000000000000000000000000");
+      await expect(page.getByTestId("clone-note")).toContainText("could not be cloned");
+      await expect(page.getByRole("button", { name: "Create job" })).toBeEnabled();
+    });
   });
 
   test("a dataset in use cannot be deleted", async () => {

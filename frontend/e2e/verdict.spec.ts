@@ -49,3 +49,36 @@ test("a drafter slower than no speculation is flagged, and deploying it asks fir
     await expect(confirm).not.toHaveAttribute("aria-invalid", "true");
   });
 });
+
+test("two jobs side by side: the compare page's figures and curves", async ({ page }) => {
+  const slowId = env("SPECDECK_SLOW_JOB");
+  const { jobId } = readState();
+  await signIn(page, readState().key ?? env("SPECDECK_KEY"));
+  await page.goto("/jobs");
+  const compare = page.getByRole("button", { name: /^Compare/ });
+  await expect(compare).toBeDisabled();
+  for (const id of [jobId!, slowId]) {
+    const row = page.getByRole("row").filter({ has: page.getByRole("link", { name: id }) });
+    await row.getByRole("checkbox", { name: /^Compare / }).check();
+  }
+  await expect(compare).toHaveText("Compare (2)");
+  await compare.click();
+  await expect(page).toHaveURL(new RegExp(`/jobs/compare\\?ids=${jobId},${slowId}$`));
+
+  const table = page.getByRole("table", { name: "Jobs side by side" });
+  await expect(table.getByRole("columnheader")).toHaveCount(3);
+  const speedup = table.getByRole("row").filter({ has: page.getByRole("rowheader", { name: "Speedup vs no speculation" }) });
+  await expect(speedup.getByRole("cell").nth(1)).toHaveText("×0.61");
+  await expect(speedup.getByRole("cell").nth(0)).toHaveText(/^×\d/);
+  const verdicts = table.getByRole("row").filter({ has: page.getByRole("rowheader", { name: "Verdict" }) });
+  await expect(verdicts.getByRole("cell").nth(1)).toContainText(SLOWER);
+  // One line per job on the loss chart.
+  const loss = page.getByRole("region", { name: "Training loss" });
+  await expect(loss.locator(".recharts-line")).toHaveCount(2);
+  await expect(loss.locator(".recharts-legend-item")).toHaveCount(2);
+  await page.screenshot({ path: screenshotPath("job-compare", 1280, 800), fullPage: true });
+
+  // Fewer than two jobs: the page says what to do.
+  await page.goto(`/jobs/compare?ids=${jobId}`);
+  await expect(page.getByText(/Choose two to 6 jobs to compare/)).toBeVisible();
+});

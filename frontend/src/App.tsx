@@ -4,6 +4,7 @@ import { useAuth } from "./auth";
 import SignIn from "./pages/SignIn";
 import Jobs from "./pages/Jobs";
 import NewJob from "./pages/NewJob";
+import JobCompare from "./pages/JobCompare";
 import JobDetail from "./pages/JobDetail";
 import Deployments from "./pages/Deployments";
 import NewDeployment from "./pages/NewDeployment";
@@ -73,6 +74,7 @@ export default function App() {
       <Route path="/" element={<Navigate to="/jobs" replace />} />
       <Route path="/jobs" element={page(<Jobs />)} />
       <Route path="/jobs/new" element={page(<NewJob />)} />
+      <Route path="/jobs/compare" element={page(<JobCompare />)} />
       <Route path="/jobs/:jobId" element={page(<JobDetail />)} />
       <Route path="/deployments" element={page(<Deployments />)} />
       <Route path="/deployments/new" element={page(<NewDeployment />)} />

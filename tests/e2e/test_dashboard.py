@@ -48,11 +48,13 @@ SLOWER = {"mean_acceptance_length": 1.42, "ngram_mean_acceptance_length": 1.9, "
 
 
 def store_a_slower_copy(database: Path, job_id: str) -> str:
-    """A succeeded copy of ``job_id`` and of its best checkpoint, evaluated as SLOWER; its id."""
+    """A succeeded copy of ``job_id`` and of its best checkpoint, evaluated as SLOWER; its id.
+    Its metrics are the job's with every loss 1.5 times as high (a worse run, for the compare
+    page's curves to tell apart)."""
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
-    from app.db.models import Checkpoint, Job
+    from app.db.models import Checkpoint, Job, JobMetric
 
     engine = create_engine(f"sqlite:///{database}", connect_args={"timeout": 30})
     try:
@@ -71,6 +73,10 @@ def store_a_slower_copy(database: Path, job_id: str) -> str:
             session.add(checkpoint)
             session.flush()
             copy.evaluation = {**(job.evaluation or {}), **SLOWER, "checkpoint_id": checkpoint.id}
+            for metric in session.scalars(select(JobMetric).where(JobMetric.job_id == job_id)):
+                worse = 1.5 if "loss" in metric.name else 1.0
+                session.add(JobMetric(job_id=copy.id, step=metric.step, epoch=metric.epoch,
+                                      name=metric.name, value=metric.value * worse))
             return copy.id
     finally:
         engine.dispose()

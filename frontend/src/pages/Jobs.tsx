@@ -1,11 +1,12 @@
 import { useEffect, useState } from "react";
-import { Link, useSearchParams } from "react-router-dom";
+import { Link, useNavigate, useSearchParams } from "react-router-dom";
 import { useQuery } from "@tanstack/react-query";
 import { api, must, type Job, type Schemas } from "../api/client";
 import { Pager, useCursor } from "../components/pager";
 import { QueryState } from "../components/states";
 import { StatusBadge, isTerminal } from "../components/status";
 import { Duration, RelTime } from "../components/time";
+import { MAX_COMPARED } from "./jobs/compare";
 import { progressOf } from "./job/model";
 import { VerdictBadge } from "./job/Verdict";
 import "./jobs/jobs.css";
@@ -22,10 +23,18 @@ const STATUSES: Record<JobStatus, true> = {
   cancelled: true,
 };
 
-function JobRow({ job }: { job: Job }) {
+function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSelect: (on: boolean) => void }) {
   const progress = progressOf(job);
   return (
     <tr>
+      <td className="pick">
+        <input
+          type="checkbox"
+          checked={selected}
+          aria-label={`Compare ${job.name ?? job.id}`}
+          onChange={(e) => onSelect(e.target.checked)}
+        />
+      </td>
       <td>
         {job.name && <div className="job-name">{job.name}</div>}
         <Link to={`/jobs/${job.id}`} className="mono job-id">
@@ -64,6 +73,11 @@ export default function Jobs() {
   const name = params.get("name") ?? "";
   const [typed, setTyped] = useState(name);
   const cursor = useCursor();
+  const navigate = useNavigate();
+  // The jobs ticked for comparison, in the order they were ticked (kept across pages).
+  const [picked, setPicked] = useState<string[]>([]);
+  const pick = (id: string, on: boolean) =>
+    setPicked((ids) => (on ? [...ids.filter((x) => x !== id), id].slice(-MAX_COMPARED) : ids.filter((x) => x !== id)));
 
   function setFilter(key: "status" | "name", value: string) {
     const next = new URLSearchParams(params);
@@ -119,6 +133,14 @@ export default function Jobs() {
             ))}
           </select>
         </div>
+        <button
+          type="button"
+          disabled={picked.length < 2}
+          title={picked.length < 2 ? `Tick two to ${MAX_COMPARED} jobs to compare them` : undefined}
+          onClick={() => navigate(`/jobs/compare?ids=${picked.join(",")}`)}
+        >
+          Compare{picked.length > 0 && ` (${picked.length})`}
+        </button>
         <Link to="/jobs/new" className="button primary">
           New job
         </Link>
@@ -145,6 +167,9 @@ export default function Jobs() {
               <table aria-label="Jobs">
                 <thead>
                   <tr>
+                    <th className="pick">
+                      <span className="sr-only">Compare</span>
+                    </th>
                     <th>Job</th>
                     <th>Status, stage</th>
                     <th className="num">
@@ -156,7 +181,7 @@ export default function Jobs() {
                 </thead>
                 <tbody>
                   {page.data.map((job) => (
-                    <JobRow key={job.id} job={job} />
+                    <JobRow key={job.id} job={job} selected={picked.includes(job.id)} onSelect={(on) => pick(job.id, on)} />
                   ))}
                 </tbody>
               </table>

@@ -1,5 +1,5 @@
-import { useRef, useState, type FormEvent, type ReactNode } from "react";
-import { Link, useNavigate } from "react-router-dom";
+import { useEffect, useRef, useState, type FormEvent, type ReactNode } from "react";
+import { Link, useNavigate, useSearchParams } from "react-router-dom";
 import { keepPreviousData, useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type Dataset, type JobCreate } from "../api/client";
 import { messageOf } from "../api/errors";
@@ -12,6 +12,7 @@ import {
   P,
   buildBody,
   fieldId,
+  formOf,
   newIdempotencyKey,
   placeError,
   validate,
@@ -39,6 +40,23 @@ export default function NewJob() {
   const [submitted, setSubmitted] = useState(false);
   // One Idempotency-Key per body: a retry or a double click sends the same one.
   const idempotency = useRef<{ body: string; key: string } | null>(null);
+
+  // /jobs/new?clone=job_…: the form starts as a copy of that job's settings.
+  const cloneOf = useSearchParams()[0].get("clone");
+  const cloned = useQuery({
+    queryKey: ["clone", cloneOf],
+    queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: cloneOf! } } })),
+    enabled: cloneOf !== null,
+    retry: false,
+    staleTime: Infinity, // the settings are copied once; a job's settings never change
+  });
+  const clonedJob = cloned.data;
+  const copied = useRef<string | null>(null);
+  useEffect(() => {
+    if (!clonedJob || copied.current === clonedJob.id) return;
+    copied.current = clonedJob.id;
+    setForm(formOf(clonedJob));
+  }, [clonedJob]);
 
   const datasets = useQuery({
     queryKey: ["datasets", "all"],
@@ -216,6 +234,20 @@ export default function NewJob() {
         Train a DFlash drafter for a verifier on a dataset of chats. The defaults are the API's; “Use demo
         settings” fills a quick job on the tiny demo verifier.
       </p>
+      {cloneOf && (
+        <div className={`state${cloned.isError ? " error" : ""}`} role={cloned.isError ? "alert" : "status"} data-testid="clone-note">
+          {cloned.isError ? (
+            <>Job {cloneOf} could not be cloned: {messageOf(cloned.error)}</>
+          ) : clonedJob ? (
+            <>
+              A copy of the settings of job <Link to={`/jobs/${clonedJob.id}`}>{clonedJob.name ?? clonedJob.id}</Link>: change
+              what you like and create it.{clonedJob.init_from && " Its warm start is not carried over."}
+            </>
+          ) : (
+            <>Loading the settings of job {cloneOf}…</>
+          )}
+        </div>
+      )}
 
       {/* Outside the job's <form>: the inline upload is a form of its own. */}
       <fieldset className="card">
@@ -246,6 +278,10 @@ export default function NewJob() {
                 onChange={(e) => update("dataset", e.target.value)}
               >
                 <option value="">{datasets.isPending ? "Loading datasets…" : "Choose a dataset"}</option>
+                {form.dataset && datasets.data && !chosen && (
+                  // A cloned job's dataset that is not among the newest 100, or a path under the data root.
+                  <option value={form.dataset}>{form.dataset}</option>
+                )}
                 {datasets.data?.data.map((d) => (
                   <option key={d.id} value={d.id}>
                     {d.name} ({d.id})

@@ -20,7 +20,7 @@ export function DatasetPreview({ dataset }: { dataset: Dataset }) {
   });
   const total = dataset.num_conversations;
   return (
-    <section className="preview" aria-label={`Rows of ${dataset.name}`}>
+    <section className="dataset-preview" aria-label={`Rows of ${dataset.name}`}>
       <QueryState query={rows} what="Loading rows" isEmpty={(p) => p.data.length === 0} empty={<p>No rows.</p>}>
         {(page) => (
           <>

@@ -82,7 +82,12 @@ export function JobHeader({ job }: { job: Job }) {
         <h1>
           {job.name ? <span className="job-name">{job.name}</span> : "Job"} <span className="mono">{job.id}</span>
         </h1>
-        {!isTerminal(job.status) && <CancelButton job={job} />}
+        <div className="job-actions">
+          <Link className="button" to={`/jobs/new?clone=${job.id}`} aria-label={`Clone job ${job.id}`}>
+            Clone
+          </Link>
+          {!isTerminal(job.status) && <CancelButton job={job} />}
+        </div>
       </div>
       <p className="job-state">
         <span>

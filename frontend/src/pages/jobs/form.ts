@@ -1,6 +1,6 @@
 // The new-job form: its state, its client-side checks (the same limits as app/schemas/jobs.py
 // JobCreate and SpeculatorSpec), and the one function that turns it into a JobCreate body.
-import type { JobCreate, Verifier } from "../../api/client";
+import type { Job, JobCreate, Verifier } from "../../api/client";
 import { ApiError, messageOf } from "../../api/errors";
 import type { FieldErrors } from "../../components/form";
 
@@ -295,6 +295,54 @@ export function buildBody(form: JobForm): JobCreate {
       beat_ngram: form.gateBeatNgram,
     };
   return body;
+}
+
+/** A number or string setting of a job, as the form's text; `fallback` when it has none. */
+function text(value: unknown, fallback: string): string {
+  return typeof value === "number" || typeof value === "string" ? String(value) : fallback;
+}
+
+/**
+ * The form for a copy of `job` ("Clone"): its dataset, verifier, speculator, runtime, resources,
+ * evaluation, gate and publish target as stored (its gate as resolved: the default one shows as
+ * custom values). Not carried over: a warm start and metadata, which the form has no field for.
+ */
+export function formOf(job: Job): JobForm {
+  const spec = job.speculator as Record<string, unknown>;
+  const resources = job.resources as { verifier?: Record<string, unknown>; trainer_gpus?: unknown; share_verifier_gpus?: unknown };
+  const evaluate = job.evaluate === false ? null : (job.evaluate as Record<string, unknown>);
+  const gate = job.gate as Record<string, unknown> | null;
+  const ids = spec.target_layer_ids;
+  return {
+    name: job.name ? `${job.name} (clone)`.slice(0, NAME_MAX) : "",
+    dataset: job.dataset,
+    verifier: job.verifier,
+    blockSize: text(spec.block_size, DEFAULTS.blockSize),
+    numLayers: text(spec.num_layers, DEFAULTS.numLayers),
+    targetLayerIds: Array.isArray(ids) ? ids.join(", ") : "",
+    maxAnchors: text(spec.max_anchors, DEFAULTS.maxAnchors),
+    seqLen: text(spec.total_seq_len, DEFAULTS.seqLen),
+    epochs: text(spec.epochs, DEFAULTS.epochs),
+    lr: text(spec.lr, DEFAULTS.lr),
+    scheduler: (text(spec.scheduler, DEFAULTS.scheduler) as Scheduler),
+    seed: text(spec.seed, DEFAULTS.seed),
+    mode: job.mode as Mode,
+    runtime: job.runtime as Runtime,
+    tensorParallel: text(resources.verifier?.tensor_parallel_size, DEFAULTS.tensorParallel),
+    dataParallel: text(resources.verifier?.data_parallel_size, DEFAULTS.dataParallel),
+    trainerGpus: text(resources.trainer_gpus, DEFAULTS.trainerGpus),
+    shareGpus: resources.share_verifier_gpus === true,
+    evaluate: evaluate !== null,
+    evalPrompts: text(evaluate?.prompts, DEFAULTS.evalPrompts),
+    evalMaxTokens: text(evaluate?.max_tokens, DEFAULTS.evalMaxTokens),
+    evalBaseline: evaluate ? evaluate.baseline === true : DEFAULTS.evalBaseline,
+    evalNgram: evaluate ? evaluate.ngram === true : DEFAULTS.evalNgram,
+    gate: gate ? "custom" : "none",
+    gateMinAL: text(gate?.min_acceptance_length, ""),
+    gateMinSpeedup: text(gate?.min_speedup, ""),
+    gateBeatNgram: gate?.beat_ngram === true,
+    publish: job.publish ?? "",
+  };
 }
 
 /**
