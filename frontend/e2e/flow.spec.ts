@@ -269,7 +269,16 @@ test.describe.serial("the demo flow", () => {
       await page.getByRole("link", { name: "Open in playground" }).click();
       await expect(page).toHaveURL(/\/playground\?deployment=/);
       await expect(page.getByLabel("Deployment", { exact: true }).locator("option:checked")).toContainText(DEPLOYMENT_NAME);
-      await page.getByLabel("Message", { exact: true }).fill("Tell me about the lighthouse in Lisbon.");
+      // Prompts from the drafter's training data, offered to try: one click puts it in the box.
+      const prompts = page.getByRole("group", { name: "Prompts from its training data" });
+      await expect(prompts).toContainText(JOB_NAME);
+      const firstPrompt = prompts.getByRole("button").first();
+      const offered = (await firstPrompt.getAttribute("title")) ?? "";
+      expect(offered, "a training prompt is offered").not.toBe("");
+      await firstPrompt.click();
+      await expect(page.getByLabel("Message", { exact: true })).toHaveValue(offered);
+      await expect(page.getByLabel("Message", { exact: true })).toBeFocused();
+      await screenshotSizes(page, page.getByRole("region", { name: "Request options" }), "playground-prompts");
       await fillIfPresent(page, /^max tokens$/i, "32");
       await page.getByRole("button", { name: "Send" }).click();
       const answer = page.getByRole("log", { name: "Answer" });

@@ -7,6 +7,7 @@ import { Field, described } from "../components/form";
 import { ErrorNote, Loading } from "../components/states";
 import { streamChat, tokensPerSecond, type ChatMessage, type ChatStats } from "./deploy/chat";
 import { isTerminal } from "./deploy/common";
+import { TrainingPrompts } from "./deploy/TrainingPrompts";
 import "./deploy/deploy.css";
 
 // The gateway's cap on max_tokens is SPECDECK_GATEWAY_MAX_TOKENS; the playground asks for at most this.
@@ -306,6 +307,13 @@ export default function Playground() {
             Streams through the OpenAI-compatible gateway at <code>/v1/chat/completions</code> with your key. TTFT: time
             to the first token; tok/s: completion tokens over the whole request.
           </p>
+          <TrainingPrompts
+            deployment={all.find((d) => d.name === model && d.status === "ready")}
+            onPick={(prompt) => {
+              setMessage(prompt);
+              document.getElementById("play-message")?.focus();
+            }}
+          />
         </section>
 
         <section className="card play-chat" aria-label="Conversation">
