@@ -35,6 +35,14 @@ def progress_text(job: dict[str, Any], loss: float | None) -> str:
     """Where the job is: "running/training epoch 2/6, step 41 of 120 (34%), about 75 s left,
     loss 1.234" (the total and the time left once the first epoch is trained)."""
     where = job["status"] + (f"/{job['stage']}" if job.get("stage") else "")
+    stage = job.get("stage_progress")
+    if (stage and stage["stage"] == job.get("stage")
+            and job["status"] in ("running", "cancelling")):  # the served evaluation
+        where += (f" {stage['what']}, step {stage['steps_done']} of {stage['total_steps']} "
+                  f"({stage['percent']:g}%)")
+        if stage.get("eta_seconds"):
+            where += f", about {stage['eta_seconds']:.0f} s left"
+        return where
     progress = job.get("progress")
     if progress and job["status"] in ("running", "cancelling"):
         where += f" epoch {progress['epoch']}/{progress['epochs']}, step {progress['steps_done']}"

@@ -126,6 +126,9 @@ class Job(Leased, Base):
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Trainer steps in one epoch, known once the first epoch is trained (its progress' total).
     steps_per_epoch: Mapped[int | None] = mapped_column(Integer)
+    # A later stage's own progress (the served evaluation), written by the worker as it goes:
+    # {"stage", "what", "steps_done", "total_steps", "started_at"} (app.services.jobs).
+    stage_progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     @property
     def served_acceptance_length(self) -> float | None:

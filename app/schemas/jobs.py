@@ -232,6 +232,21 @@ class JobProgress(BaseModel):
                                       "total_steps is, and 0 once the steps are done")
 
 
+class StageProgress(BaseModel):
+    """How far a stage after training is (the served evaluation: each engine's start and each
+    held-out prompt is a step), as the worker last wrote it."""
+
+    stage: str = Field(description="The stage it is the progress of (\"evaluating\")")
+    what: str = Field(description="What runs now, in a few words (\"serving the epoch 1 "
+                      "checkpoint: prompt 3 of 8\")")
+    steps_done: int
+    total_steps: int
+    percent: float = Field(description="steps_done of total_steps, in percent")
+    eta_seconds: float | None = Field(description="Time left, estimated from the stage's rate "
+                                      "so far (an engine's start weighs as one step); null "
+                                      "before the first step, 0 once all are done")
+
+
 class Verdict(BaseModel):
     """What a served evaluation says when the drafter does not pay off against its baselines."""
 
@@ -290,6 +305,9 @@ class JobOut(Judged):
     served_acceptance_length: float | None = Field(description=SERVED_AL)
     progress: JobProgress | None = Field(description="Training progress; null until the "
                                          "trainer reports its first training step")
+    stage_progress: StageProgress | None = Field(description="The progress of a stage after "
+                                                 "training (the served evaluation); null until "
+                                                 "it starts")
     verifier: str
     dataset: str
     speculator: dict[str, Any]

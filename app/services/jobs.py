@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
-from app.db.models import Checkpoint, Job, JobEvent, JobMetric
+from app.db.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
 from app.errors import APIError, not_found
 from app.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
-from app.schemas.jobs import JobCreate, JobOut, JobProgress
+from app.schemas.jobs import JobCreate, JobOut, JobProgress, StageProgress
 from app.services import quotas, state
 from app.services.checkpoints import checkpoint_drafter
 from app.services.datasets import resolve_for_job
@@ -348,7 +349,7 @@ def job_out(job: Job, progress: JobProgress | None) -> JobOut:
         id=job.id, name=job.name, status=job.status, stage=job.stage,
         status_reason=job.status_reason,
         error_code=job.error_code, served_acceptance_length=job.served_acceptance_length,
-        progress=progress,
+        progress=progress, stage_progress=stage_progress_of(job.stage_progress),
         verifier=spec["verifier"], dataset=spec["dataset"],
         speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
         runtime=spec["runtime"], publish=spec.get("publish"),
@@ -359,6 +360,24 @@ def job_out(job: Job, progress: JobProgress | None) -> JobOut:
         created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
+
+
+def stage_progress_of(stored: dict[str, Any] | None,
+                      now: datetime | None = None) -> StageProgress | None:
+    """The stored progress of a stage after training, with its percent and time left (from the
+    rate since the stage began: seconds per step so far, times the steps left)."""
+    if not stored:
+        return None
+    done, total = stored["steps_done"], stored["total_steps"]
+    eta = None
+    if done >= total:
+        eta = 0.0
+    elif done > 0:
+        elapsed = ((now or utcnow()) - datetime.fromisoformat(stored["started_at"])).total_seconds()
+        eta = round(max(elapsed, 0.0) * (total - done) / done, 1)
+    return StageProgress(stage=stored["stage"], what=stored["what"], steps_done=done,
+                         total_steps=total, percent=round(100 * done / total, 1) if total else 100.0,
+                         eta_seconds=eta)
 
 
 def job_log_path(job: Job, settings: Settings) -> Path:

@@ -210,6 +210,17 @@ test.describe.serial("the demo flow", () => {
       });
     });
 
+    await test.step("6b. the served evaluation has a bar of its own: its steps and percent", async () => {
+      // Each engine's start and each held-out prompt is a step; the engine's start alone takes
+      // seconds on a CPU, so the page (which asks every 2 s) sees the bar.
+      const evaluating = page.getByTestId("stage-progress");
+      await expect(evaluating).toContainText(/(starting the engine for|serving|prompt \d+ of \d+ done).* · \d+ of \d+ steps \(\d+(\.\d)?%\)/, {
+        timeout: 8 * 60_000,
+      });
+      await expect(page.getByRole("progressbar", { name: "Evaluate progress" })).toBeVisible();
+      await page.locator(".job-head").screenshot({ path: screenshotPath("job-evaluating", 1280, 800) });
+    });
+
     await test.step("7. the job succeeds with an evaluated best checkpoint", async () => {
       await expect(status).toHaveText(TERMINAL, { timeout: 8 * 60_000 });
       await expect(status).toHaveText(/succeeded/i);

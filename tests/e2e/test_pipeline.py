@@ -82,6 +82,18 @@ def assert_demo_job(api: Api, stack: Stack, job_id: str) -> dict:
                                 "steps_done": 2 * per_epoch, "total_steps": 2 * per_epoch,
                                 "percent": 100.0, "eta_seconds": 0.0}
 
+    # The evaluation's own progress, as it was left: every engine started and every held-out
+    # prompt served (a step each).
+    settings = done["evaluate"]
+    engines = (sum(c["evaluation"] is not None for c in checkpoints)
+               + settings["ngram"] + settings["baseline"])
+    prompts = done["evaluation"]["prompts"]
+    total = engines * (1 + prompts)
+    assert {k: v for k, v in done["stage_progress"].items() if k != "what"} == {
+        "stage": "evaluating", "steps_done": total, "total_steps": total, "percent": 100.0,
+        "eta_seconds": 0.0}
+    assert done["stage_progress"]["what"].endswith(f": prompt {prompts} of {prompts} done")
+
     events = api.events(job_id)
     stages = [e["stage"] for e in events if e["kind"] == "status" and e["stage"]]
     assert stages == ["starting_verifier", "preparing_data", "training", "evaluating"]

@@ -33,3 +33,17 @@ def test_progress_counts_steps_of_the_total_once_it_is_known() -> None:
     assert progress_text(job, None) == ("running/training epoch 2/2, step 41 of 62 (66.1%), "
                                         "about 21 s left")
     assert progress_text({**job, "status": "succeeded", "stage": None}, None) == "succeeded"
+
+
+def test_progress_of_the_evaluation_counts_its_own_steps() -> None:
+    trained = {"epoch": 2, "epochs": 2, "step": 61, "steps_done": 62, "total_steps": 62,
+               "percent": 100.0, "eta_seconds": 0.0}
+    job = {"status": "running", "stage": "evaluating", "progress": trained,
+           "stage_progress": {"stage": "evaluating", "what": "the trained drafter: prompt 3 of 8 "
+                              "done", "steps_done": 4, "total_steps": 27, "percent": 14.8,
+                              "eta_seconds": 52.3}}
+    assert progress_text(job, None) == ("running/evaluating the trained drafter: prompt 3 of 8 "
+                                        "done, step 4 of 27 (14.8%), about 52 s left")
+    # A stage's progress is shown during that stage only (then the training's again).
+    assert progress_text({**job, "stage": "publishing"}, None) == (
+        "running/publishing epoch 2/2, step 62 of 62 (100%)")

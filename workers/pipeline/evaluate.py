@@ -35,8 +35,9 @@ import httpx
 from sqlalchemy import select
 
 from app.db import session_scope
-from app.db.models import Checkpoint, Job, JobMetric
+from app.db.models import Checkpoint, Job, JobMetric, utcnow
 from app.schemas.jobs import EvaluateSpec
+from app.services.state import Stage
 from workers.publish import best_checkpoint
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
@@ -410,13 +411,19 @@ def evaluate(ctx: JobContext) -> None:
               f"({source})" + (f", then {' and '.join(also)} on the same prompts" if also else ""),
               {"checkpoint_ids": [d.checkpoint_id for d in drafters], "prompt_source": source,
                **({"why_not_validation": why} if why else {})})
+    engines = len(drafters) + settings["ngram"] + settings["baseline"]
+    steps = Steps(ctx, total=engines * (1 + len(prompts)))
     runs = {}
     for drafter in drafters:
+        label = ("the trained drafter" if len(drafters) == 1
+                 else f"the epoch {drafter.epoch} checkpoint")
         command, runs[drafter.checkpoint_id] = serve_and_measure(
-            ctx, drafter.path, prompts, settings["max_tokens"])
-    ngram = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method="ngram")[1]
+            ctx, drafter.path, prompts, settings["max_tokens"], steps=steps.of(label))
+    ngram = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method="ngram",
+                               steps=steps.of("n-gram drafting"))[1]
              if settings["ngram"] else None)
-    alone = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method=None)[1]
+    alone = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method=None,
+                               steps=steps.of("the verifier alone"))[1]
              if settings["baseline"] else None)
 
     num_speculative_tokens = ctx.spec["speculator"]["block_size"] - 1
@@ -510,16 +517,54 @@ def speedup(result: "Measurement", baseline: "Measurement") -> float | None:
 
 ENGINE_LOGS = {"dflash": "evaluation-engine.log", "ngram": "ngram-engine.log",
                None: "baseline-engine.log"}
+@dataclass
+class Steps:
+    """The evaluation's progress in the job row (JobOut.stage_progress): each engine's start is
+    a step, and each held-out prompt it serves."""
+
+    ctx: JobContext
+    total: int
+    done: int = 0
+    started_at: str = field(default_factory=lambda: utcnow().isoformat())
+
+    def report(self, what: str, *, step: bool = True) -> None:
+        self.done += step
+        progress = {"stage": Stage.EVALUATING.value, "what": what, "steps_done": self.done,
+                    "total_steps": self.total, "started_at": self.started_at}
+        self.ctx.write(lambda session: self.ctx.lease.update(session, stage_progress=progress))
+
+    def of(self, label: str) -> "EngineSteps":
+        return EngineSteps(self, label)
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """One engine's part of the evaluation's steps: its start, then its prompts."""
+
+    steps: Steps
+    label: str
+
+    def starting(self) -> None:
+        self.steps.report(f"starting the engine for {self.label}", step=False)
+
+    def ready(self, prompts: int) -> None:
+        self.steps.report(f"{self.label}: serving {prompts} held-out prompts")
+
+    def prompt_done(self, done: int, prompts: int) -> None:
+        self.steps.report(f"{self.label}: prompt {done} of {prompts} done")
+
+
 ENGINE_NAMES = {"dflash": "evaluation engine", "ngram": "n-gram engine",
                 None: "baseline engine (no speculation)"}
 
 
 def serve_and_measure(ctx: JobContext, drafter: str | None, prompts: list[Prompt],
-                      max_tokens: int, method: str | None = "dflash"
+                      max_tokens: int, method: str | None = "dflash", *, steps: EngineSteps
                       ) -> tuple[StageCommand, "Measurement"]:
     """Start the engine (with the drafter, with n-gram drafting, or without speculation),
     send the prompts, stop it."""
     assert ctx.plan is not None
+    steps.starting()
     what = ENGINE_NAMES[method]
     api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
     ctx.secrets.append(api_key)
@@ -536,7 +581,9 @@ def serve_and_measure(ctx: JobContext, drafter: str | None, prompts: list[Prompt
         wait_ready(ctx, proc, base_url, EVALUATION_MODEL, what=what, log_path=log_path,
                    timeout=ctx.settings.verifier_ready_seconds, headers=headers)
         ctx.watch(what, proc, log_path)
-        return command, measure(ctx, pool, client, prompts, max_tokens, log_path)
+        steps.ready(len(prompts))
+        return command, measure(ctx, pool, client, prompts, max_tokens, log_path,
+                                on_prompt=steps.prompt_done)
     finally:
         ctx.stop(proc)  # the engine's exit also ends a request still in flight
         pool.shutdown(wait=False, cancel_futures=True)
@@ -576,7 +623,8 @@ class Measurement:
 
 
 def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Client,
-            prompts: list[Prompt], max_tokens: int, log_path: Path) -> Measurement:
+            prompts: list[Prompt], max_tokens: int, log_path: Path,
+            on_prompt: Callable[[int, int], None]) -> Measurement:
     def call(method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         try:
             response = while_running(ctx, pool, lambda: client.request(method, path, json=body))
@@ -603,6 +651,7 @@ def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Cl
         completion_tokens += int((reply.get("usage") or {}).get("completion_tokens") or 0)
         choice = (reply.get("choices") or [{}])[0]
         texts.append(choice.get("text") or (choice.get("message") or {}).get("content") or "")
+        on_prompt(len(texts), len(prompts))
     after = parse_counters(call("GET", "/metrics").text)
     return Measurement(after - before, completion_tokens, seconds, texts)
 

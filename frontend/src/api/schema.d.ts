@@ -1317,6 +1317,8 @@ export interface components {
             served_acceptance_length: number | null;
             /** @description Training progress; null until the trainer reports its first training step */
             progress: components["schemas"]["JobProgress"] | null;
+            /** @description The progress of a stage after training (the served evaluation); null until it starts */
+            stage_progress: components["schemas"]["StageProgress"] | null;
             /** Verifier */
             verifier: string;
             /** Dataset */
@@ -2217,6 +2219,37 @@ export interface components {
             };
             /** Gpus */
             gpus: number[];
+        };
+        /**
+         * StageProgress
+         * @description How far a stage after training is (the served evaluation: each engine's start and each
+         *     held-out prompt is a step), as the worker last wrote it.
+         */
+        StageProgress: {
+            /**
+             * Stage
+             * @description The stage it is the progress of ("evaluating")
+             */
+            stage: string;
+            /**
+             * What
+             * @description What runs now, in a few words ("serving the epoch 1 checkpoint: prompt 3 of 8")
+             */
+            what: string;
+            /** Steps Done */
+            steps_done: number;
+            /** Total Steps */
+            total_steps: number;
+            /**
+             * Percent
+             * @description steps_done of total_steps, in percent
+             */
+            percent: number;
+            /**
+             * Eta Seconds
+             * @description Time left, estimated from the stage's rate so far (an engine's start weighs as one step); null before the first step, 0 once all are done
+             */
+            eta_seconds: number | null;
         };
         /**
          * Verdict

@@ -7,7 +7,7 @@ import { QueryState } from "../components/states";
 import { StatusBadge, isTerminal } from "../components/status";
 import { Duration, RelTime } from "../components/time";
 import { MAX_COMPARED } from "./jobs/compare";
-import { progressOf } from "./job/model";
+import { progressOf, stageProgressOf } from "./job/model";
 import { VerdictBadge } from "./job/Verdict";
 import "./jobs/jobs.css";
 
@@ -24,7 +24,7 @@ const STATUSES: Record<JobStatus, true> = {
 };
 
 function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSelect: (on: boolean) => void }) {
-  const progress = progressOf(job);
+  const progress = stageProgressOf(job)?.text ?? progressOf(job);
   return (
     <tr>
       <td className="pick">

@@ -6,10 +6,20 @@ import { api, must } from "../../api/client";
 import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
-import { isTerminal, keys, num, progressOf, STAGE_NAMES, stageStates, type Job } from "./model";
+import { isTerminal, keys, num, progressOf, STAGE_NAMES, stageProgressOf, stageStates, type Job } from "./model";
 import { VerdictNote } from "./Verdict";
 
 function Progress({ job }: { job: Job }) {
+  // A stage after training with steps of its own (the served evaluation): its bar instead.
+  const stage = stageProgressOf(job);
+  if (stage) {
+    return (
+      <span className="progress" data-testid="stage-progress">
+        <progress max={stage.total} value={stage.done} aria-label={`${STAGE_NAMES[job.stage ?? ""] ?? job.stage} progress`} />
+        <span>{stage.text}</span>
+      </span>
+    );
+  }
   const progress = job.progress;
   if (!progress) {
     return isTerminal(job.status) ? null : <span className="dim">no training step yet</span>;

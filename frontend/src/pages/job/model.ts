@@ -68,6 +68,20 @@ export function progressOf(job: Job): string | null {
   return `epoch ${p.epoch}/${p.epochs} · step ${p.steps_done} of ${p.total_steps} (${p.percent}%)${left}`;
 }
 
+/** The progress of the stage under way after training (JobOut.stage_progress: the served
+ * evaluation), or null: "serving the trained drafter: prompt 3 of 8 done · 5 of 18 steps (27%) ·
+ * about 12s left". */
+export function stageProgressOf(job: Job): { text: string; done: number; total: number } | null {
+  const p = job.stage_progress;
+  if (!p || isTerminal(job.status) || p.stage !== job.stage) return null;
+  const left = p.eta_seconds ? ` · about ${duration(p.eta_seconds)} left` : "";
+  return {
+    text: `${p.what} · ${p.steps_done} of ${p.total_steps} steps (${p.percent}%)${left}`,
+    done: p.steps_done,
+    total: p.total_steps,
+  };
+}
+
 /** The stages this job runs, in order (app/services/state.py's Stage; workers/pipeline). */
 export const STAGE_NAMES: Record<string, string> = {
   regenerating_data: "Regenerate data",
