@@ -276,6 +276,8 @@ test.describe.serial("the demo flow", () => {
       deploymentId = new URL(page.url()).pathname.split("/").pop()!;
       saveState({ deploymentId });
       await expect(page.getByTestId("deployment-status")).toHaveText(/ready/i, { timeout: 5 * 60_000 });
+      // A CPU worker's serving slot, not a "GPU 0".
+      await expect(page.locator("dt:text-is('Allocation') + dd")).toHaveText(/^serving slot \d+ \(CPU\)$/);
 
       await page.getByRole("link", { name: "Open in playground" }).click();
       await expect(page).toHaveURL(/\/playground\?deployment=/);

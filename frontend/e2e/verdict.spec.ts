@@ -69,7 +69,11 @@ test("two jobs side by side: the compare page's figures and curves", async ({ pa
   await expect(table.getByRole("columnheader")).toHaveCount(3);
   const speedup = table.getByRole("row").filter({ has: page.getByRole("rowheader", { name: "Speedup vs no speculation" }) });
   await expect(speedup.getByRole("cell").nth(1)).toHaveText("×0.61");
-  await expect(speedup.getByRole("cell").nth(0)).toHaveText(/^×\d/);
+  // The flow's job was evaluated without the verifier alone: no speedup measured, and said so.
+  await expect(speedup.getByRole("cell").nth(0)).toHaveText("—");
+  const served = table.getByRole("row").filter({ has: page.getByRole("rowheader", { name: "Served acceptance length" }) });
+  await expect(served.getByRole("cell").nth(0)).toHaveText(/^\d+(\.\d{1,2})?$/);
+  await expect(served.getByRole("cell").nth(1)).toHaveText("1.42");
   const verdicts = table.getByRole("row").filter({ has: page.getByRole("rowheader", { name: "Verdict" }) });
   await expect(verdicts.getByRole("cell").nth(1)).toContainText(SLOWER);
   // One line per job on the loss chart.

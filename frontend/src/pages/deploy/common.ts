@@ -76,10 +76,18 @@ export function describeSource(source: Deployment["source"]): string {
   return `${String(s.kind ?? "drafter")}: ${String(s.drafter ?? "—")}`;
 }
 
-/** {"worker": [0, 1]} as "worker: GPU 0, 1". */
+// The local runtime's units (app/services/scheduling.py Need): slots of a CPU worker, not GPUs.
+const CPU_SLOTS: Record<string, string> = { serving: "serving slot", slot: "training slot" };
+
+/** {"verifier": [0, 1]} as "verifier: GPU 0, 1"; a CPU worker's {"serving": [0]} as "serving slot
+ * 0 (CPU)". */
 export function describeAllocation(allocation: Deployment["allocation"]): string {
   if (!allocation || Object.keys(allocation).length === 0) return "—";
   return Object.entries(allocation)
-    .map(([where, gpus]) => `${where}: GPU ${gpus.length ? gpus.join(", ") : "none"}`)
+    .map(([where, units]) =>
+      CPU_SLOTS[where]
+        ? `${CPU_SLOTS[where]} ${units.join(", ")} (CPU)`
+        : `${where}: GPU ${units.length ? units.join(", ") : "none"}`,
+    )
     .join("; ");
 }
