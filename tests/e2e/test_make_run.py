@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,31 @@ def readme_job_body() -> dict:
     return json.loads(match.group(1))
 
 
+def readme_curls() -> list[str]:
+    """The quick start's curl commands, as written (a command with its continued lines)."""
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", quick_start, re.S)
+    # Each command starts a line with "curl "; the lines after it, until the next, are its own.
+    commands = [c.strip() for block in blocks for c in re.split(r"^(?=curl )", block, flags=re.M)
+                if c.startswith("curl ")]
+    assert len(commands) == 3, commands  # the job, its events, its event stream
+    return commands
+
+
+def run_curl(command: str, url: str, dataset_id: str, env: dict[str, str],
+             max_seconds: float | None = None) -> str:
+    """One README curl through bash, against this run's port and demo dataset."""
+    command = command.replace("http://127.0.0.1:8000", url).replace(
+        "ds_0123456789abcdef01234567", dataset_id)
+    if max_seconds is not None:  # a stream that lasts until the job ends
+        command = command.replace("curl ", f"curl --max-time {max_seconds} ", 1)
+    done = subprocess.run(["bash", "-c", command], env={**os.environ, **env}, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode in (0, 28), (command, done.returncode, done.stderr)  # 28: max-time
+    return done.stdout
+
+
 def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, demo_assets) -> None:
     seed_demo(tmp_path, demo_assets)
     run = start(tmp_path, free_port())
@@ -42,11 +68,18 @@ def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, 
 
         run.wait_ready()
         headers = {"Authorization": f"Bearer {key}"}
+        create, events, stream = readme_curls()
         with httpx.Client(base_url=run.url, headers=headers, timeout=10) as client:
-            # The README's job, with the demo dataset `make run` uploaded.
-            created = client.post("/api/jobs", json={**readme_job_body(), "dataset": dataset_id})
-            assert created.status_code == 201, created.text
-            job_id = created.json()["id"]
+            # The README's job, with the demo dataset `make run` uploaded: its curl as written.
+            created = json.loads(run_curl(create, run.url, dataset_id, {"KEY": key}))
+            assert created.get("object") == "specdeck.job", created
+            job_id = created["id"]
+            assert client.get(f"/api/jobs/{job_id}").json()["dataset"] == dataset_id
+            curl_env = {"KEY": key, "JOB_ID": job_id}
+            listed = json.loads(run_curl(events, run.url, dataset_id, curl_env))
+            assert listed["data"][0]["kind"] == "status", listed
+            streamed = run_curl(stream, run.url, dataset_id, curl_env, max_seconds=3)
+            assert "data: " in streamed and job_id in streamed, streamed
             deadline = time.monotonic() + 60
             messages: list[str] = []
             while time.monotonic() < deadline and not any(m.startswith("claimed by") for m in messages):
