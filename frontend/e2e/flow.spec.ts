@@ -440,6 +440,11 @@ test.describe.serial("the demo flow", () => {
       await expect(rows).toHaveCount(1);
       await page.getByLabel("Name", { exact: true }).fill(`no job is named this ${run}`);
       await expect(page.getByText(`No jobs named like “no job is named this ${run}”.`)).toBeVisible();
+      // Back to every job through the menu: the box follows the URL.
+      await page.getByRole("link", { name: "Jobs", exact: true }).click();
+      await expect(page).toHaveURL(/\/jobs$/);
+      await expect(page.getByLabel("Name", { exact: true })).toHaveValue("");
+      await expect(rows.filter({ hasText: jobId })).toHaveCount(1);
     });
 
     await test.step("13d. clone the demo job: the New job form holds its settings", async () => {

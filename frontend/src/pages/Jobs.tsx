@@ -87,6 +87,11 @@ export default function Jobs() {
     cursor.reset();
   }
 
+  // The box follows the URL when it changes by navigation (back, a link to /jobs).
+  useEffect(() => {
+    setTyped((t) => (t.trim() === name ? t : name));
+  }, [name]);
+
   // The name filter follows what is typed, once typing pauses.
   useEffect(() => {
     if (typed.trim() === name) return;
