@@ -78,7 +78,8 @@ def record(session: Session, checkpoint_id: str, work_dir: Path, repo_id: str) -
 def best_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
     """The job's checkpoint: the one its evaluation selected (the highest served acceptance
     length among those served), else the trainer's best (lowest validation loss), else the
-    latest."""
-    rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
+    latest; never a partial one (saved mid-epoch)."""
+    rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
+                                                         Checkpoint.partial.is_(False))
                                 .order_by(Checkpoint.is_best.desc(), Checkpoint.epoch.desc())))
     return next((c for c in rows if (c.evaluation or {}).get("selected")), rows[0] if rows else None)

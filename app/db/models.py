@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -180,6 +181,10 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     is_best: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Saved when the trainer was stopped mid-epoch (a cancel, a worker's shutdown): the weights
+    # of ``epoch`` so far, in the trainer's "interrupted" directory. Never the best, never
+    # evaluated; an epoch's own checkpoint replaces it.
+    partial: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Written by the job's evaluating stage: the drafter served as a deployment serves it, on
     # held-out prompts (acceptance length, per-position acceptance, throughput).
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)

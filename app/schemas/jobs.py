@@ -368,6 +368,10 @@ class CheckpointOut(Judged):
         "The trainer's validation metrics (val_metrics.json). Estimates: speculators' eal "
         "averages over every anchor position and overstates the served acceptance length."))
     is_best: bool = Field(description="The trainer's best checkpoint (lowest validation loss).")
+    partial: bool = Field(description="Saved when the trainer was stopped during this epoch (a "
+                          "cancel, a worker's shutdown): the weights so far, not the epoch's "
+                          "end. Never the best nor evaluated; it can be deployed or warm-started "
+                          "from. The epoch's own checkpoint replaces it if training resumes.")
     created_at: datetime
     publish_status: str | None
     publish_error: str | None

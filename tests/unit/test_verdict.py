@@ -35,7 +35,8 @@ def test_no_verdict_for_a_drafter_that_pays_off_or_was_not_compared() -> None:
 def test_a_checkpoint_carries_its_verdict_in_the_api_shape() -> None:
     out = CheckpointOut(id="ckpt_1", job_id="job_1", epoch=0, served_acceptance_length=1.4,
                         evaluation={"speedup": 0.5}, path="/w", metrics=None, is_best=True,
-                        created_at=datetime.now(timezone.utc), publish_status=None,
+                        partial=False, created_at=datetime.now(timezone.utc),
+                        publish_status=None,
                         publish_error=None, hub_repo=None, hub_commit=None, hub_url=None,
                         published_at=None)
     assert out.model_dump(mode="json")["verdict"]["code"] == "slower_than_no_speculation"

@@ -337,7 +337,8 @@ def candidates(session: Any, job_id: str, settings: dict[str, Any]) -> list[Chec
     if last is None:
         best = best_checkpoint(session, job_id)
         return [best] if best is not None else []
-    rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
+    rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
+                                                    Checkpoint.partial.is_(False))
                            .order_by(Checkpoint.epoch.desc()).limit(last))
     return list(rows)[::-1]
 

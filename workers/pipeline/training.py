@@ -46,6 +46,7 @@ def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str, work
     if row is None:
         row = Checkpoint(job_id=job_id, epoch=epoch, path=path)
         session.add(row)
+    row.path, row.partial = path, False  # the epoch's own checkpoint replaces a partial one
     row.worker_id = worker_id
     metrics_file = Path(path) / "val_metrics.json"
     if metrics_file.is_file():
@@ -57,6 +58,21 @@ def upsert_checkpoint(session: Session, job_id: str, epoch: int, path: str, work
     if best:
         session.execute(update(Checkpoint).where(Checkpoint.job_id == job_id).values(is_best=False))
         row.is_best = True
+
+
+def record_partial(session: Session, job_id: str, epoch: int, path: str, worker_id: str) -> bool:
+    """The checkpoint the trainer saved when it was stopped during ``epoch``, marked partial;
+    nothing when that epoch's own checkpoint is there already (stopped before the next epoch's
+    first step: the same weights). Whether it was recorded."""
+    row = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
+                                                   Checkpoint.epoch == epoch)).first()
+    if row is not None and not row.partial:
+        return False
+    if row is None:
+        row = Checkpoint(job_id=job_id, epoch=epoch, path=path, partial=True)
+        session.add(row)
+    row.path, row.worker_id = path, worker_id
+    return True
 
 
 class ProgressRecorder:
@@ -73,6 +89,7 @@ class ProgressRecorder:
         self.held_back = 0  # records that waited out an outage
         self._next_try = 0.0
         self.last_step: int | None = None  # the trainer's global step, counted from 0
+        self.last_epoch: int | None = None  # the epoch of the latest training step (from 0)
 
     def __call__(self, line: str) -> None:
         records = parse_line(line)
@@ -115,6 +132,8 @@ class ProgressRecorder:
                                   value=m.value) for m in metrics)
         self.last_step = max((m.step for m in metrics if m.step is not None),
                              default=self.last_step)
+        self.last_epoch = max((m.epoch for m in metrics if m.step is not None
+                               and m.epoch is not None), default=self.last_epoch)
         session.flush()  # the metrics first: a checkpoint row reads its epoch's val/ metrics
         for record in records:
             match record:
@@ -126,6 +145,12 @@ class ProgressRecorder:
                             and self.last_step is not None):
                         # Global steps count from 0 over all epochs, resumed ones included.
                         job.steps_per_epoch = (self.last_step + 1) // (epoch + 1)
+                case CheckpointSaved(path=path, label="interrupted"):
+                    epoch = self.last_epoch
+                    if epoch is not None and record_partial(session, job_id, epoch, path, owner):
+                        event("checkpoint", f"partial checkpoint of epoch {epoch} saved when "
+                              "the trainer was stopped", {"path": path, "epoch": epoch,
+                                                          "partial": True})
                 case CheckpointSaved(path=path) if record.epoch is not None:
                     upsert_checkpoint(session, job_id, record.epoch, path, owner)
                     event("checkpoint", f"checkpoint for epoch {record.epoch} saved",

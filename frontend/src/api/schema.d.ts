@@ -901,6 +901,11 @@ export interface components {
              */
             is_best: boolean;
             /**
+             * Partial
+             * @description Saved when the trainer was stopped during this epoch (a cancel, a worker's shutdown): the weights so far, not the epoch's end. Never the best nor evaluated; it can be deployed or warm-started from. The epoch's own checkpoint replaces it if training resumes.
+             */
+            partial: boolean;
+            /**
              * Created At
              * Format: date-time
              */

@@ -70,6 +70,15 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
               evaluated
             </span>
           )}
+          {checkpoint.partial && (
+            <span
+              className="badge wait"
+              data-testid="partial-badge"
+              title="Saved when the trainer was stopped during this epoch: the weights so far, not the epoch's end. Never the best nor evaluated; it can still be deployed or warm-started from."
+            >
+              partial: stopped mid-epoch
+            </span>
+          )}
           <div className="mono dim small hide-narrow">{checkpoint.id}</div>
         </td>
         <td className="num">{num(metric(checkpoint, "loss_epoch"), 4)}</td>
