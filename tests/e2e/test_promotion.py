@@ -87,11 +87,18 @@ def switch_while_streaming(api: Api, client: openai.OpenAI, deployment_id: str,
     streamer = Streamer(client)
     streamer.start()
     try:
+        def promotions() -> list[dict]:
+            return api.get(f"/api/deployments/{deployment_id}/promotions").json()["data"]
+
         def newest() -> dict | None:
-            rows = api.get(f"/api/deployments/{deployment_id}/promotions").json()["data"]
+            rows = promotions()
             if job_id is not None and not rows:  # a job that ended without promoting: say why
                 job = api.job(job_id)
-                assert job["status"] in ("queued", "running"), job
+                if job["status"] not in ("queued", "running"):
+                    # Its deploy stage may have asked for the promotion, and the job ended,
+                    # between the two reads: read the promotions again before failing.
+                    rows = promotions()
+                    assert rows, job
             return rows[0] if rows and rows[0]["status"] in ("succeeded", "failed") else None
 
         done = wait_for(newest, 900, "the promotion to end")
