@@ -142,7 +142,10 @@ class LiveView:
         where = job["status"] + (f"/{job['stage']}" if job.get("stage") else "")
         detail = progress_text(job, loss).removeprefix(where).strip()
         fields: dict[str, Any] = {"description": f"{self.subject} {where}", "detail": detail}
-        if progress:
+        stage = job.get("stage_progress")
+        if stage and stage["stage"] == job.get("stage"):  # the evaluation's own steps
+            fields.update(total=stage["total_steps"], completed=stage["steps_done"])
+        elif progress:
             done = progress["epochs"] if job.get("stage") not in (None, "training") \
                 and job["status"] != "queued" else progress["epoch"] - 1
             fields.update(total=progress["epochs"], completed=done)

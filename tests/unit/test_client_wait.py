@@ -47,3 +47,23 @@ def test_progress_of_the_evaluation_counts_its_own_steps() -> None:
     # A stage's progress is shown during that stage only (then the training's again).
     assert progress_text({**job, "stage": "publishing"}, None) == (
         "running/publishing epoch 2/2, step 62 of 62 (100%)")
+
+
+def test_the_terminal_bar_counts_the_evaluations_steps_while_it_runs() -> None:
+    from app.client.wait import LiveView
+
+    view = LiveView("job_1")
+    trained = {"epoch": 2, "epochs": 2, "step": 61, "steps_done": 62, "total_steps": 62,
+               "percent": 100.0, "eta_seconds": 0.0}
+    job = {"status": "running", "stage": "training", "progress": {**trained, "epoch": 1}}
+    view.update(job, None)
+    [task] = view.progress.tasks
+    assert (task.total, task.completed) == (2, 0)  # epochs, during the first
+    job = {"status": "running", "stage": "evaluating", "progress": trained,
+           "stage_progress": {"stage": "evaluating", "what": "the trained drafter: serving 8 "
+                              "held-out prompts", "steps_done": 1, "total_steps": 9,
+                              "percent": 11.1, "eta_seconds": None}}
+    view.update(job, None)
+    [task] = view.progress.tasks
+    assert (task.total, task.completed) == (9, 1)
+    assert task.fields["detail"].startswith("the trained drafter: serving 8 held-out prompts")
