@@ -208,6 +208,13 @@ test.describe.serial("the demo flow", () => {
       await expect(page.locator(".job-head .progress")).toContainText(/step \d+|trained: \d+ of \d+ steps/, {
         timeout: 6 * 60_000,
       });
+      // In the second epoch the total is known: steps of all, the percent and the time left
+      // (the whole epoch long; the page asks every 2 s).
+      await expect(page.locator(".job-head .progress")).toContainText(
+        /epoch 2\/2 · step \d+ of \d+ \(\d+(\.\d)?%\) · about (\d+[hms] ?)+left/,
+        { timeout: 6 * 60_000 },
+      );
+      await page.locator(".job-head").screenshot({ path: screenshotPath("job-training-eta", 1280, 800) });
     });
 
     await test.step("6b. the served evaluation has a bar of its own: its steps and percent", async () => {
