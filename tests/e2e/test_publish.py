@@ -153,7 +153,7 @@ def test_publish_needs_the_token_secret(pg_api: Api, pg_stack: Stack) -> None:
     from app.db import session_scope
     from app.db.models import Checkpoint
     from tests.conftest import write_dataset, write_verifier
-    from tests.integration.test_jobs_api import assert_error
+    from tests.support.errors import assert_error
 
     job = pg_api.post("/api/jobs", json={"verifier": write_verifier(pg_stack.models_root),
                                          "dataset": write_dataset(pg_stack.data_root)}).json()

@@ -8,7 +8,8 @@ import pytest
 
 from tests.conftest import Api, Stack
 from tests.integration.test_deployments_api import write_drafter
-from tests.integration.test_jobs_api import assert_error, count_jobs
+from tests.integration.test_jobs_api import count_jobs
+from tests.support.errors import assert_error
 
 LONG = "x" * 300  # one path component over the OS's 255 bytes
 

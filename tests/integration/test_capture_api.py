@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Api, Stack
 from tests.integration.test_deployments_api import body  # noqa: F401 (a fixture)
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 MESSAGES = [{"role": "user", "content": "what is two plus two"}]
 

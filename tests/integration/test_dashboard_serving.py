@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support.api_server import start_api, stop_api
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 INDEX = "<!doctype html><title>SpecDeck dashboard</title><script src=/assets/app-1a2b.js></script>"
 SCRIPT = "console.log('dashboard')"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api, Stack, configure, new_key
+from tests.support.errors import assert_error as assert_shape
 
 MIB = 1024 * 1024
 DATASET_LIMIT = 3 * MIB
@@ -40,15 +41,8 @@ def created(response: Any, status: int = 201) -> dict[str, Any]:
 
 
 def assert_error(response: Any, status: int, code: str, param: str | None = None) -> dict:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert {"message", "type", "param", "code"} <= set(body["error"]) <= {
-        "message", "type", "param", "code", "errors"}
-    assert body["error"]["code"] == code and body["error"]["message"]
-    if param is not None:
-        assert body["error"]["param"] == param
-    return body["error"]
+    """An upload's error may list its problems line by line (``errors``)."""
+    return assert_shape(response, status, code, param, errors=True)
 
 
 def count_datasets(stack: Stack) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Api, Stack, write_verifier
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 
 def write_drafter(models_root: Path, name: str = "drafter", block_size: int = 8) -> str:

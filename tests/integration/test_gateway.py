@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from tests.conftest import PG_ADMIN_URL, ROOT, configure
 from tests.support.api_server import start_api, stop_api
+from tests.support.errors import assert_error as assert_shape
 from tests.support.upstream import TOKENS, Upstream, free_port
 
 UPSTREAM_KEY = "upstream-internal-" + secrets.token_hex(8)
@@ -183,16 +184,9 @@ def control(**kw: Any) -> dict[str, Any]:
 
 def assert_error(response: httpx.Response, status: int, code: str | None,
                  param: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["code"] == code and body["error"]["message"]
-    assert body["error"]["code"] is None or isinstance(body["error"]["code"], str)
-    if param is not None:
-        assert body["error"]["param"] == param
+    """The error shape, never holding the upstream's key."""
     assert UPSTREAM_KEY not in response.text
-    return body["error"]
+    return assert_shape(response, status, code, param)
 
 
 def sse_events(text: str) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import Api, Stack
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 
 def test_me_names_the_project_and_the_key_in_use(api: Api, make_api, stack: Stack) -> None:

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 
 from app.db import get_engine
 from tests.conftest import Api, Stack
-from tests.integration.test_jobs_api import assert_error, count_jobs
+from tests.integration.test_jobs_api import count_jobs
+from tests.support.errors import assert_error
 
 DEEP = "[" * 1000 + "]" * 1000  # deeper than Python's json parser can recurse
 BIGINT_MAX = 2**63 - 1

@@ -18,7 +18,7 @@ from app.supervise import die_with_parent
 from tests.conftest import SPECDECK, Api, Stack, new_key
 from tests.integration.test_dispatch import wait_for
 from tests.support.api_server import start_api, stop_api
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 
 def log_of(stack: Stack, job_id: str) -> Path:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 from tests.integration.test_quotas import quotas  # noqa: F401 (a fixture)
 
 PLAN = "/api/jobs/plan"

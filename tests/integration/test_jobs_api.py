@@ -11,22 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Api, Stack
+from tests.support.errors import assert_error
 
 
 def count_jobs(stack: Stack) -> int:
     return stack.scalar("SELECT count(*) FROM jobs")
-
-
-def assert_error(response, status: int, code: str, param: str | None = None) -> dict:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    if param is not None:
-        assert body["error"]["param"] == param
-    return body["error"]
 
 
 def test_create_resolves_layer_ids_from_the_verifier_config(api: Api, job_body) -> None:

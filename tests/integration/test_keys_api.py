@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import Api, Stack, configure, new_key
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 KEY_FIELDS = {"object", "id", "name", "role", "prefix", "created_at", "last_used_at",
               "revoked_at"}

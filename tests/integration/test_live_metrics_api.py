@@ -11,7 +11,7 @@ import pytest
 from app.services.live_metrics import Interval
 from tests.conftest import Api, Stack
 from tests.integration.test_deployments_api import body  # noqa: F401 (fixture)
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 
 def add_points(deployment_id: str, *points: tuple[str, Interval, datetime]) -> None:

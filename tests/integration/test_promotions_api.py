@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from tests.conftest import Api, Stack, write_verifier
 from tests.integration.test_deployments_api import write_drafter
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 CHECKPOINT_CONFIG = {"speculators_model_type": "dflash", "block_size": 8,
                      "aux_hidden_state_layer_ids": [2, 4, 5], "draft_vocab_size": 512,

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import Api, Stack, configure, write_verifier
 from tests.integration.test_datasets_api import project_of, stored, upload
 from tests.integration.test_deployments_api import write_drafter
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Api, Stack, write_verifier
-from tests.integration.test_jobs_api import assert_error, count_jobs
+from tests.integration.test_jobs_api import count_jobs
+from tests.support.errors import assert_error
 
 CHAT = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 
 from tests.conftest import SPECDECK, Api, Stack
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 
 TOKEN = "hf_SecretValue1234567890abcdef"
 

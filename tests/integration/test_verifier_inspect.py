@@ -12,7 +12,8 @@ import pytest
 
 from tests.conftest import Api, Stack, write_verifier
 from tests.integration.test_hub_lookups import _use_hub, hub  # noqa: F401 (a fixture)
-from tests.integration.test_jobs_api import assert_error, count_jobs
+from tests.integration.test_jobs_api import count_jobs
+from tests.support.errors import assert_error
 from tests.support.hub_double import HubDouble
 
 INSPECT = "/api/verifiers/inspect"

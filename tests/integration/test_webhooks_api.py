@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.integration.test_jobs_api import assert_error
+from tests.support.errors import assert_error
 from tests.support.webhook_receiver import webhook_env  # noqa: F401 (fixture)
 
 URL = "http://127.0.0.1:9/hook"  # allowed by name (webhook_env); nothing is sent in these tests
