@@ -33,8 +33,11 @@ FAST = {"SPECDECK_DEFAULT_RUNTIME": "local", "SPECDECK_HEARTBEAT_SECONDS": "0.5"
 SPECULATOR = {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512,
               "epochs": 1, "lr": 0.003}
 EVALUATE = {"prompts": 2, "max_tokens": 32, "baseline": True, "ngram": False}
+# The verdict in brackets when the drafter does not pay off: a tiny CPU job's speedup is near 1,
+# above or below it by the machine's load.
 SUMMARY = re.compile(r"^(job_[0-9a-f]{24}) succeeded: served AL (\d+\.\d\d), speedup "
-                     r"(\d+\.\d\d)x, best checkpoint (ckpt_[0-9a-f]{24})$", re.M)
+                     r"(\d+\.\d\d)x(?: \(([^)]+)\))?, best checkpoint (ckpt_[0-9a-f]{24})$",
+                     re.M)
 TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ job_\w+ ", re.M)
 
 
@@ -123,7 +126,7 @@ def test_ci_doc_pipeline_trains_reports_and_replays(server: SpecdeckRun, workdir
     summary = SUMMARY.search(step_summary.read_text())
     assert summary, step_summary.read_text()
     assert train.stdout == step_summary.read_text()  # stdout: the summary line only
-    job_id, checkpoint_id = summary.group(1), summary.group(4)
+    job_id, checkpoint_id = summary.group(1), summary.group(5)
     assert float(summary.group(2)) >= 1.0 and float(summary.group(3)) > 0
     assert TIMESTAMPED.search(train.stderr), train.stderr  # plain lines for the CI log
     assert "epoch 1/1" in train.stderr and "evaluat" in train.stderr
@@ -135,6 +138,7 @@ def test_ci_doc_pipeline_trains_reports_and_replays(server: SpecdeckRun, workdir
     assert job["dataset"] == upload.stdout.strip()
     assert f"{job['served_acceptance_length']:.2f}" == summary.group(2)
     assert f"{job['evaluation']['speedup']:.2f}" == summary.group(3)
+    assert summary.group(4) == (job["verdict"] or {}).get("summary")
     checkpoint = json.loads(specdeck("checkpoints", "get", checkpoint_id, "--json", env=env,
                                      cwd=workdir).stdout)
     assert checkpoint["job_id"] == job_id
