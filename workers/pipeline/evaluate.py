@@ -516,8 +516,6 @@ def speedup(result: "Measurement", baseline: "Measurement") -> float | None:
     return None
 
 
-ENGINE_LOGS = {"dflash": "evaluation-engine.log", "ngram": "ngram-engine.log",
-               None: "baseline-engine.log"}
 @dataclass
 class Steps:
     """The evaluation's progress in the job row (JobOut.stage_progress): each engine's start is
@@ -555,6 +553,8 @@ class EngineSteps:
         self.steps.report(f"{self.label}: prompt {done} of {prompts} done")
 
 
+ENGINE_LOGS = {"dflash": "evaluation-engine.log", "ngram": "ngram-engine.log",
+               None: "baseline-engine.log"}
 ENGINE_NAMES = {"dflash": "evaluation engine", "ngram": "n-gram engine",
                 None: "baseline engine (no speculation)"}
 
