@@ -254,8 +254,9 @@ def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack,
     assert response.status_code == 201, response.text
     job = response.json()
     wait_for(lambda: event_seen(pg_api, job["id"], "evaluation_started"), 600, "the evaluation")
-    engines = vllm_pids(job["id"], EVALUATION_MODEL.encode())
-    assert engines and server_pids(job["id"]) == []  # the hidden-states server made room for it
+    assert server_pids(job["id"]) == []  # the hidden-states server made room for it first
+    # The event comes before the first engine is spawned: wait for the engine itself.
+    wait_for(lambda: vllm_pids(job["id"], EVALUATION_MODEL.encode()), 120, "the evaluation engine")
     pg_api.post(f"/api/jobs/{job['id']}/cancel")
     done = pg_api.wait_status(job["id"], {"cancelled", "failed", "succeeded"}, timeout=120)
     assert done["status"] == "cancelled", done
