@@ -144,6 +144,10 @@ test.describe.serial("the demo flow", () => {
       await preview.getByRole("button", { name: "Next" }).click();
       await expect(preview).toContainText(`Rows 6–10 of ${lines.length}`);
       await expect(preview.getByRole("listitem", { name: "Row 6" })).toContainText(turnsOf(lines[5])[0]);
+      // At 390px the Datasets table scrolls sideways; its preview stays on the screen.
+      await page.setViewportSize({ width: 390, height: 844 });
+      const box = await preview.boundingBox();
+      expect(box && box.x >= 0 && box.x + box.width <= 390, `the preview fits 390px: ${JSON.stringify(box)}`).toBe(true);
       await screenshotSizes(page, preview, "dataset-preview");
       await page.getByRole("button", { name: `Hide the rows of ${DATASET_NAME}` }).click();
       await expect(preview).toHaveCount(0);
