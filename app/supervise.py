@@ -56,8 +56,9 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group) for every process, from /proc."""
+def live_processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) for every live process, from /proc (a zombie is
+    dead already, whatever its group)."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -67,7 +68,8 @@ def _processes() -> dict[int, tuple[int, int]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        found[int(entry.name)] = (int(fields[1]), int(fields[2]))
+        if fields[0] != "Z":
+            found[int(entry.name)] = (int(fields[1]), int(fields[2]))
     return found
 
 
@@ -75,7 +77,7 @@ def descendant_groups(pid: int) -> set[int]:
     """The process groups of ``pid``'s descendants: its own, and any they moved to (the worker
     starts each job's processes in a session of their own)."""
     try:
-        table = _processes()
+        table = live_processes()
     except OSError:  # no /proc
         return set()
     children: dict[int, list[int]] = {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.supervise import group_alive, signal_group
+from app.supervise import group_alive, live_processes, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -159,20 +159,12 @@ class Group:
 
 
 def _group_members(pgid: int) -> list[int]:
-    """The live members of a process group (zombies are dead already, whatever their group)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if stat[0] != "Z" and int(stat[2]) == pgid:
-                members.append(int(entry.name))
-    return members
+    return [pid for pid, (_, group) in live_processes().items() if group == pgid]
 
 
-def _belongs_to(pid: int, job_id: str) -> bool:
+def belongs_to(pid: int, job_id: str) -> bool:
+    """Whether ``pid`` runs for ``job_id`` (a job's or deployment's id): the marker every
+    process it starts carries in its environment."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -186,7 +178,7 @@ def reap(group: Group, job_id: str, grace: float = 5.0) -> list[int]:
     EngineCore included: it lives in its API server's group)."""
     if not group.is_current():
         return []
-    members = [pid for pid in _group_members(group.pgid) if _belongs_to(pid, job_id)]
+    members = [pid for pid in _group_members(group.pgid) if belongs_to(pid, job_id)]
     if not members:
         return []
     log.warning("stopping orphaned process group %s of %s (pids %s)", group.pgid, job_id, members)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-from pathlib import Path
 
 import pytest
 
@@ -20,20 +19,10 @@ def free_port() -> int:
 
 def job_processes(job_id: str) -> list[int]:
     """Live processes that carry this job's id in their environment (the supervisor sets it)."""
-    from workers.supervisor import JOB_ENV
+    from app.supervise import live_processes
+    from workers.supervisor import belongs_to
 
-    marker = f"{JOB_ENV}={job_id}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    status = (entry / "stat").read_text().split()[2]
-                    if status != "Z":
-                        found.append(int(entry.name))
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
-    return found
+    return [pid for pid in live_processes() if belongs_to(pid, job_id)]
 
 
 def upload_demo(stack: Stack, api: Api, demo_assets, conversations: int | None = None

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REDIS_URL, Api, Stack, _client, _stack
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.pg_cluster import PrivateCluster
 from workers.pipeline.trainer_output import Metric, parse_line
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api, Stack, write_dataset
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.drafters import write_untrained_drafter
 from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # noqa: F401 (fixtures)
 

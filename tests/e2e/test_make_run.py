@@ -12,7 +12,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.e2e.conftest import free_port, job_processes
 from tests.support.specdeck_run import SpecdeckRun, seed_demo, start
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -182,16 +182,6 @@ def test_a_host_without_vllm_runs_the_control_plane_and_says_what_runs_the_local
 
 # The stages in which a job's hidden-states server (and then its trainer) run.
 PROCESS_STAGES = ("starting_verifier", "preparing_data", "training")
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
-    """Poll ``predicate`` until it returns something true (returned), at most ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def query(run: SpecdeckRun, sql: str, **params: Any) -> Any:

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
 from tests.e2e.test_live_acceptance import ngram_deployment, wait_ready
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -21,7 +21,7 @@ import pytest
 from app.runtimes import EVALUATION_MODEL
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from workers.runtimes.local.demo import DEMO_NUM_LAYERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

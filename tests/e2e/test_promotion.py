@@ -26,7 +26,7 @@ from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
 from tests.e2e.test_live_acceptance import LIVE_ENV
 from tests.e2e.test_regeneration import SMALL_EVALUATION
 from tests.e2e.test_serving import MAX_TOKENS, PROMPTS, deploy, gateway, greedy_reference  # noqa: F401
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from workers.runtimes.local.demo import demo_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -12,7 +12,7 @@ import pytest
 from app.services.publishing import _fmt
 from tests.conftest import Api, Stack
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.hub_double import HubDouble
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

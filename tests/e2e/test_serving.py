@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, assert_demo_job, submit
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.api_server import start_api, stop_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]

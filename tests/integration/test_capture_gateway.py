@@ -28,9 +28,9 @@ from tests.integration.test_gateway import (
     make_key,
     start_api,
     stop_api,
-    wait_for,
 )
 from tests.support.upstream import Upstream
+from tests.support.waiting import wait_for
 
 CAPTURE_ENV = {**GATEWAY_ENV, "SPECDECK_GATEWAY_CAPTURE_FLUSH_SECONDS": "0.2"}
 

@@ -4,13 +4,13 @@ test-only stage (a real long-running Python child, tests/support/child.py)."""
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Api, Stack
+from tests.support.waiting import wait_for
 from workers.supervisor import group_alive
 
 
@@ -21,16 +21,6 @@ def pid_files(directory: Path, job_id: str) -> dict[int, tuple[int, int]]:
         pid, pgid = map(int, path.read_text().split())
         found[int(path.stem.rsplit("-", 1)[1])] = (pid, pgid)
     return found
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def claims(api: Api, job_id: str) -> list[dict]:

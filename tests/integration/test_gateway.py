@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from tests.conftest import PG_ADMIN_URL, ROOT, configure
 from tests.support.api_server import start_api, stop_api
 from tests.support.errors import assert_error as assert_shape
 from tests.support.upstream import TOKENS, Upstream, free_port
+from tests.support.waiting import wait_for
 
 UPSTREAM_KEY = "upstream-internal-" + secrets.token_hex(8)
 MAX_TOKENS = 256  # SPECDECK_GATEWAY_MAX_TOKENS of the gateway under test
@@ -191,16 +192,6 @@ def assert_error(response: httpx.Response, status: int, code: str | None,
 
 def sse_events(text: str) -> list[str]:
     return [e[len("data: "):] for e in text.strip().split("\n\n") if e.startswith("data: ")]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def usage_rows(project_id: str) -> list[Any]:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import Api, Stack, new_key, write_dataset
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.api_server import start_api, stop_api
 from tests.support.hub_double import HubDouble
 

@@ -16,7 +16,7 @@ import httpx
 
 from app.supervise import die_with_parent
 from tests.conftest import SPECDECK, Api, Stack, new_key
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.api_server import start_api, stop_api
 from tests.support.errors import assert_error
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import Api, Stack
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 
 
 def checkpoint_on(api: Api, stack: Stack, job_body, worker: str, config: dict) -> str:

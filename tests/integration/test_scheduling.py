@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import Api, Stack, write_verifier
-from tests.integration.test_dispatch import pid_files, ts, wait_for
+from tests.integration.test_dispatch import pid_files, ts
+from tests.support.waiting import wait_for
 from workers.supervisor import group_alive
 
 

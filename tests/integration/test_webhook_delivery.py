@@ -10,7 +10,7 @@ import signal
 from typing import Any
 
 from tests.conftest import Api, Stack
-from tests.integration.test_dispatch import wait_for
+from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # noqa: F401 (fixtures)
 
 FAST_JOB = {"metadata": {"test_seconds": "0.1"}}

