@@ -327,3 +327,43 @@ def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
     assert rows["Speedup vs. no speculation"] == 1.48
     assert rows["Outputs identical to the verifier alone"] == "8/8"
     assert evaluation_card_rows(None) is None and evaluation_card_rows({}) is None
+
+
+@pytest.mark.parametrize("runtime, order", [
+    ("local", ["start drafter", "start ngram", "ready drafter", "ready ngram",
+               "measure drafter", "measure ngram", "start alone", "ready alone", "measure alone"]),
+    ("vllm", ["start drafter", "ready drafter", "measure drafter", "start ngram", "ready ngram",
+              "measure ngram", "start alone", "ready alone", "measure alone"]),
+])
+def test_engines_start_together_on_the_cpu_and_no_start_runs_beside_a_measurement(
+        monkeypatch: pytest.MonkeyPatch, runtime: str, order: list[str]) -> None:
+    from types import SimpleNamespace
+
+    stage = sys.modules["workers.pipeline.evaluate"]  # the module: the package exports a function of its name
+
+    seen: list[str] = []
+    monkeypatch.setattr(stage, "start_engine", lambda ctx, wanted, steps: (
+        seen.append(f"start {wanted.key}"), SimpleNamespace(wanted=wanted))[1])
+    monkeypatch.setattr(stage, "wait_engine_ready",
+                        lambda ctx, engine: seen.append(f"ready {engine.wanted.key}"))
+    monkeypatch.setattr(stage, "measure_engine", lambda ctx, engine, prompts, max_tokens: (
+        seen.append(f"measure {engine.wanted.key}"), engine.wanted.method)[1])
+    drafter = stage.Drafter("drafter", 1, "/w/job/checkpoints/1", None)
+    wanted = stage.engines_wanted([drafter], {"ngram": True, "baseline": True})
+    ctx = SimpleNamespace(spec={"runtime": runtime})
+    steps = SimpleNamespace(of=lambda label: label)
+    runs = stage.serve_and_measure(ctx, wanted, [[{"role": "user", "content": "hi"}]], 8, steps)
+    assert seen == order
+    assert runs == {"drafter": "dflash", "ngram": "ngram", "alone": None}
+    assert [w.log_name for w in wanted] == ["evaluation-engine.log", "ngram-engine.log",
+                                            "baseline-engine.log"]
+
+
+def test_several_checkpoints_log_to_a_file_each() -> None:
+    from workers.pipeline.evaluate import Drafter, engines_wanted
+
+    wanted = engines_wanted([Drafter("a", 1, "/w/1", None), Drafter("b", 2, "/w/2", None)],
+                            {"ngram": False, "baseline": False})
+    assert [(w.key, w.label, w.log_name) for w in wanted] == [
+        ("a", "the epoch 1 checkpoint", "evaluation-engine-epoch-1.log"),
+        ("b", "the epoch 2 checkpoint", "evaluation-engine-epoch-2.log")]

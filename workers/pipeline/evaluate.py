@@ -8,8 +8,10 @@ engine's speculative-decoding counters (``/metrics``) around them gives the mean
 length, ``1 + accepted / drafts``, and the acceptance rate at each draft position. With the
 baseline (the default), the same server then runs without speculative decoding on the same
 prompts: the speedup is output tokens/s with the drafter over without, and the greedy texts are
-compared (lossless decoding makes them the same). The result is recorded on the checkpoint (and
-so in its model card), as job metrics and as an event.
+compared (lossless decoding makes them the same). On GPUs the engines run one after the other;
+on the local runtime two start together (each start is mostly one core's imports), and both are
+ready before the first is measured, so no start runs beside a measurement. The result is
+recorded on the checkpoint (and so in its model card), as job metrics and as an event.
 
 Held-out prompts: the trainer validates on the last 10% of the prepared rows (speculators'
 ``train_data_ratio``), so the prompts are the first user turns of conversations whose first
@@ -41,6 +43,7 @@ from app.services.state import Stage
 from workers.publish import best_checkpoint
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
+from workers.supervisor import ManagedProcess
 from app.runtimes import (
     EVALUATION_MODEL,
     JobPaths,
@@ -412,20 +415,10 @@ def evaluate(ctx: JobContext) -> None:
               f"({source})" + (f", then {' and '.join(also)} on the same prompts" if also else ""),
               {"checkpoint_ids": [d.checkpoint_id for d in drafters], "prompt_source": source,
                **({"why_not_validation": why} if why else {})})
-    engines = len(drafters) + settings["ngram"] + settings["baseline"]
-    steps = Steps(ctx, total=engines * (1 + len(prompts)))
-    runs = {}
-    for drafter in drafters:
-        label = ("the trained drafter" if len(drafters) == 1
-                 else f"the epoch {drafter.epoch} checkpoint")
-        command, runs[drafter.checkpoint_id] = serve_and_measure(
-            ctx, drafter.path, prompts, settings["max_tokens"], steps=steps.of(label))
-    ngram = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method="ngram",
-                               steps=steps.of("n-gram drafting"))[1]
-             if settings["ngram"] else None)
-    alone = (serve_and_measure(ctx, None, prompts, settings["max_tokens"], method=None,
-                               steps=steps.of("the verifier alone"))[1]
-             if settings["baseline"] else None)
+    wanted = engines_wanted(drafters, settings)
+    steps = Steps(ctx, total=len(wanted) * (1 + len(prompts)))
+    runs = serve_and_measure(ctx, wanted, prompts, settings["max_tokens"], steps)
+    ngram, alone = runs.get("ngram"), runs.get("alone")
 
     num_speculative_tokens = ctx.spec["speculator"]["block_size"] - 1
     evaluations = {}
@@ -435,7 +428,7 @@ def evaluate(ctx: JobContext) -> None:
             "checkpoint_id": drafter.checkpoint_id,
             "epoch": drafter.epoch,
             "runtime": ctx.spec["runtime"],
-            "engine": command.description,
+            "engine": result.engine,
             "prompts": len(prompts),
             "requested_prompts": settings["prompts"],
             "prompt_source": source,
@@ -559,34 +552,106 @@ ENGINE_NAMES = {"dflash": "evaluation engine", "ngram": "n-gram engine",
                 None: "baseline engine (no speculation)"}
 
 
-def serve_and_measure(ctx: JobContext, drafter: str | None, prompts: list[Prompt],
-                      max_tokens: int, method: str | None = "dflash", *, steps: EngineSteps
-                      ) -> tuple[StageCommand, "Measurement"]:
-    """Start the engine (with the drafter, with n-gram drafting, or without speculation),
-    send the prompts, stop it."""
+def engines_wanted(drafters: list[Drafter], settings: dict[str, Any]) -> list[EngineWanted]:
+    """The engines to measure, in order: each checkpoint's, then n-gram and the verifier alone."""
+    one = len(drafters) == 1
+    wanted = [EngineWanted(d.checkpoint_id, "dflash", d.path,
+                           "the trained drafter" if one else f"the epoch {d.epoch} checkpoint",
+                           ENGINE_LOGS["dflash"] if one else f"evaluation-engine-epoch-{d.epoch}.log")
+              for d in drafters]
+    if settings["ngram"]:
+        wanted.append(EngineWanted("ngram", "ngram", None, "n-gram drafting", ENGINE_LOGS["ngram"]))
+    if settings["baseline"]:
+        wanted.append(EngineWanted("alone", None, None, "the verifier alone", ENGINE_LOGS[None]))
+    return wanted
+
+
+def serve_and_measure(ctx: JobContext, wanted: list[EngineWanted], prompts: list[Prompt],
+                      max_tokens: int, steps: Steps) -> dict[str, Measurement]:
+    """Each engine's measurement on the prompts, by its key. Engines start ``engines_at_once``
+    at a time; the ones started together are all ready before the first is measured, and each
+    is stopped once measured."""
+    runs: dict[str, Measurement] = {}
+    at_once = engines_at_once(ctx.spec)
+    for first in range(0, len(wanted), at_once):
+        batch = [start_engine(ctx, w, steps.of(w.label)) for w in wanted[first:first + at_once]]
+        for engine in batch:
+            wait_engine_ready(ctx, engine)
+        for engine in batch:
+            runs[engine.wanted.key] = measure_engine(ctx, engine, prompts, max_tokens)
+    return runs
+
+
+def engines_at_once(spec: dict[str, Any]) -> int:
+    """How many of the evaluation's engines start together. On the local runtime two: a vLLM
+    start is mostly one core's imports, so two on two cores take about the time of one, and
+    they are all up before the first is measured (no start runs beside a measurement). On GPUs
+    one: each engine takes most of the verifier's GPU memory."""
+    return 2 if spec["runtime"] == "local" else 1
+
+
+@dataclass(frozen=True)
+class EngineWanted:
+    key: str  # the checkpoint's id, "ngram" or "alone"
+    method: str | None  # "dflash", "ngram", or None: no speculation
+    drafter: str | None  # the checkpoint's directory for "dflash"
+    label: str
+    log_name: str
+
+
+@dataclass
+class Engine:
+    """One started evaluation engine: made ready, then measured and stopped."""
+
+    wanted: EngineWanted
+    steps: EngineSteps
+    command: StageCommand
+    proc: ManagedProcess
+    base_url: str
+    headers: dict[str, str]
+    log_path: Path
+
+    @property
+    def what(self) -> str:
+        return ENGINE_NAMES[self.wanted.method]
+
+
+def start_engine(ctx: JobContext, wanted: EngineWanted, steps: EngineSteps) -> Engine:
+    """Start the engine (with the drafter, with n-gram drafting, or without speculation); it is
+    stopped when measured, or when the attempt ends."""
     assert ctx.plan is not None
     steps.starting()
-    what = ENGINE_NAMES[method]
     api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
     ctx.secrets.append(api_key)
     port = free_port()
-    command = evaluation_command(ctx.spec, drafter, port=port, gpus=ctx.plan.verifier_gpus,
-                                 api_key=api_key, method=method)
-    log_path = ctx.paths.root / ENGINE_LOGS[method]
+    command = evaluation_command(ctx.spec, wanted.drafter, port=port, gpus=ctx.plan.verifier_gpus,
+                                 api_key=api_key, method=wanted.method)
+    log_path = ctx.paths.root / wanted.log_name
     proc = ctx.start(command, log_path=log_path)
     ctx.on_cleanup(lambda: ctx.stop(proc))
-    base_url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}
+    return Engine(wanted, steps, command, proc, f"http://127.0.0.1:{port}",
+                  {"Authorization": f"Bearer {api_key}"}, log_path)
+
+
+def wait_engine_ready(ctx: JobContext, engine: Engine) -> None:
+    """Wait for the engine's model; from then on its death fails the stage."""
+    wait_ready(ctx, engine.proc, engine.base_url, EVALUATION_MODEL, what=engine.what,
+               log_path=engine.log_path, timeout=ctx.settings.verifier_ready_seconds,
+               headers=engine.headers)
+    ctx.watch(engine.what, engine.proc, engine.log_path)
+
+
+def measure_engine(ctx: JobContext, engine: Engine, prompts: list[Prompt], max_tokens: int
+                   ) -> Measurement:
+    """Send the prompts to a ready engine, then stop it."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate")
-    client = httpx.Client(base_url=base_url, headers=headers, timeout=REQUEST_TIMEOUT)
+    client = httpx.Client(base_url=engine.base_url, headers=engine.headers, timeout=REQUEST_TIMEOUT)
     try:
-        wait_ready(ctx, proc, base_url, EVALUATION_MODEL, what=what, log_path=log_path,
-                   timeout=ctx.settings.verifier_ready_seconds, headers=headers)
-        ctx.watch(what, proc, log_path)
-        steps.ready(len(prompts))
-        return command, measure(ctx, pool, client, prompts, max_tokens, log_path,
-                                on_prompt=steps.prompt_done)
+        engine.steps.ready(len(prompts))
+        return measure(ctx, pool, client, prompts, max_tokens, engine.log_path,
+                       on_prompt=engine.steps.prompt_done, engine=engine.command.description)
     finally:
-        ctx.stop(proc)  # the engine's exit also ends a request still in flight
+        ctx.stop(engine.proc)  # the engine's exit also ends a request still in flight
         pool.shutdown(wait=False, cancel_futures=True)
         client.close()
 
@@ -617,6 +682,7 @@ class Measurement:
     completion_tokens: int
     seconds: float  # time spent in the requests
     texts: list[str] = field(default_factory=list)  # each prompt's completion
+    engine: str = ""  # the engine's description (its command's)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -625,7 +691,7 @@ class Measurement:
 
 def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Client,
             prompts: list[Prompt], max_tokens: int, log_path: Path,
-            on_prompt: Callable[[int, int], None]) -> Measurement:
+            on_prompt: Callable[[int, int], None], engine: str = "") -> Measurement:
     def call(method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         try:
             response = while_running(ctx, pool, lambda: client.request(method, path, json=body))
@@ -654,7 +720,7 @@ def measure(ctx: JobContext, pool: concurrent.futures.Executor, client: httpx.Cl
         texts.append(choice.get("text") or (choice.get("message") or {}).get("content") or "")
         on_prompt(len(texts), len(prompts))
     after = parse_counters(call("GET", "/metrics").text)
-    return Measurement(after - before, completion_tokens, seconds, texts)
+    return Measurement(after - before, completion_tokens, seconds, texts, engine)
 
 
 def request(prompt: Prompt, max_tokens: int) -> tuple[str, dict[str, Any]]:
