@@ -20,6 +20,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports, for servers started together (each binds its port only once
+    it has started, so two picks in a row could otherwise be the same port)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def is_ready(client: httpx.Client, base_url: str, served_name: str) -> bool:
     try:
         if client.get(f"{base_url}/health").status_code != 200:

@@ -342,8 +342,9 @@ def test_engines_start_together_on_the_cpu_and_no_start_runs_beside_a_measuremen
     stage = sys.modules["workers.pipeline.evaluate"]  # the module: the package exports a function of its name
 
     seen: list[str] = []
-    monkeypatch.setattr(stage, "start_engine", lambda ctx, wanted, steps: (
-        seen.append(f"start {wanted.key}"), SimpleNamespace(wanted=wanted))[1])
+    ports: list[int] = []
+    monkeypatch.setattr(stage, "start_engine", lambda ctx, wanted, steps, port: (
+        seen.append(f"start {wanted.key}"), ports.append(port), SimpleNamespace(wanted=wanted))[2])
     monkeypatch.setattr(stage, "wait_engine_ready",
                         lambda ctx, engine: seen.append(f"ready {engine.wanted.key}"))
     monkeypatch.setattr(stage, "measure_engine", lambda ctx, engine, prompts, max_tokens: (
@@ -355,6 +356,7 @@ def test_engines_start_together_on_the_cpu_and_no_start_runs_beside_a_measuremen
     runs = stage.serve_and_measure(ctx, wanted, [[{"role": "user", "content": "hi"}]], 8, steps)
     assert seen == order
     assert runs == {"drafter": "dflash", "ngram": "ngram", "alone": None}
+    assert len(set(ports[:2])) == 2  # engines started together never get the same port
     assert [w.log_name for w in wanted] == ["evaluation-engine.log", "ngram-engine.log",
                                             "baseline-engine.log"]
 
@@ -367,3 +369,11 @@ def test_several_checkpoints_log_to_a_file_each() -> None:
     assert [(w.key, w.label, w.log_name) for w in wanted] == [
         ("a", "the epoch 1 checkpoint", "evaluation-engine-epoch-1.log"),
         ("b", "the epoch 2 checkpoint", "evaluation-engine-epoch-2.log")]
+
+
+def test_ports_picked_together_are_distinct(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import readiness
+
+    picks = iter([5000, 5000, 5001])  # the OS may hand out a port again until it is bound
+    monkeypatch.setattr(readiness, "free_port", lambda: next(picks))
+    assert readiness.free_ports(2) == [5000, 5001]

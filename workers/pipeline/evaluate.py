@@ -41,7 +41,7 @@ from app.db.models import Checkpoint, Job, JobMetric, utcnow
 from app.schemas.jobs import EvaluateSpec
 from app.services.state import Stage
 from workers.publish import best_checkpoint
-from workers.readiness import free_port, wait_ready
+from workers.readiness import free_ports, wait_ready
 from workers.runner import JobContext, StageFailed
 from workers.supervisor import ManagedProcess
 from app.runtimes import (
@@ -574,7 +574,9 @@ def serve_and_measure(ctx: JobContext, wanted: list[EngineWanted], prompts: list
     runs: dict[str, Measurement] = {}
     at_once = engines_at_once(ctx.spec)
     for first in range(0, len(wanted), at_once):
-        batch = [start_engine(ctx, w, steps.of(w.label)) for w in wanted[first:first + at_once]]
+        together = wanted[first:first + at_once]
+        batch = [start_engine(ctx, w, steps.of(w.label), port)
+                 for w, port in zip(together, free_ports(len(together)), strict=True)]
         for engine in batch:
             wait_engine_ready(ctx, engine)
         for engine in batch:
@@ -616,14 +618,13 @@ class Engine:
         return ENGINE_NAMES[self.wanted.method]
 
 
-def start_engine(ctx: JobContext, wanted: EngineWanted, steps: EngineSteps) -> Engine:
+def start_engine(ctx: JobContext, wanted: EngineWanted, steps: EngineSteps, port: int) -> Engine:
     """Start the engine (with the drafter, with n-gram drafting, or without speculation); it is
     stopped when measured, or when the attempt ends."""
     assert ctx.plan is not None
     steps.starting()
     api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
     ctx.secrets.append(api_key)
-    port = free_port()
     command = evaluation_command(ctx.spec, wanted.drafter, port=port, gpus=ctx.plan.verifier_gpus,
                                  api_key=api_key, method=wanted.method)
     log_path = ctx.paths.root / wanted.log_name
