@@ -225,7 +225,7 @@ test.describe.serial("the demo flow", () => {
       // Each engine's start and each held-out prompt is a step; the engine's start alone takes
       // seconds on a CPU, so the page (which asks every 2 s) sees the bar.
       const evaluating = page.getByTestId("stage-progress");
-      await expect(evaluating).toContainText(/(starting the engine for|serving|prompt \d+ of \d+ done).* · \d+ of \d+ steps \(\d+(\.\d)?%\)/, {
+      await expect(evaluating).toContainText(/(starting the engines? for|serving|prompt \d+ of \d+ done).* · \d+ of \d+ steps \(\d+(\.\d)?%\)/, {
         timeout: 8 * 60_000,
       });
       await expect(page.getByRole("progressbar", { name: "Evaluate progress" })).toBeVisible();

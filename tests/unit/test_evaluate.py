@@ -330,10 +330,13 @@ def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
 
 
 @pytest.mark.parametrize("runtime, order", [
-    ("local", ["start drafter", "start ngram", "ready drafter", "ready ngram",
-               "measure drafter", "measure ngram", "start alone", "ready alone", "measure alone"]),
-    ("vllm", ["start drafter", "ready drafter", "measure drafter", "start ngram", "ready ngram",
-              "measure ngram", "start alone", "ready alone", "measure alone"]),
+    ("local", ["progress: ['the trained drafter', 'n-gram drafting']", "start drafter",
+               "start ngram", "ready drafter", "ready ngram", "measure drafter", "measure ngram",
+               "progress: ['the verifier alone']", "start alone", "ready alone", "measure alone"]),
+    ("vllm", ["progress: ['the trained drafter']", "start drafter", "ready drafter",
+              "measure drafter", "progress: ['n-gram drafting']", "start ngram", "ready ngram",
+              "measure ngram", "progress: ['the verifier alone']", "start alone", "ready alone",
+              "measure alone"]),
 ])
 def test_engines_start_together_on_the_cpu_and_no_start_runs_beside_a_measurement(
         monkeypatch: pytest.MonkeyPatch, runtime: str, order: list[str]) -> None:
@@ -352,7 +355,8 @@ def test_engines_start_together_on_the_cpu_and_no_start_runs_beside_a_measuremen
     drafter = stage.Drafter("drafter", 1, "/w/job/checkpoints/1", None)
     wanted = stage.engines_wanted([drafter], {"ngram": True, "baseline": True})
     ctx = SimpleNamespace(spec={"runtime": runtime})
-    steps = SimpleNamespace(of=lambda label: label)
+    steps = SimpleNamespace(of=lambda label: label,
+                            starting=lambda labels: seen.append(f"progress: {labels}"))
     runs = stage.serve_and_measure(ctx, wanted, [[{"role": "user", "content": "hi"}]], 8, steps)
     assert seen == order
     assert runs == {"drafter": "dflash", "ngram": "ngram", "alone": None}
@@ -377,3 +381,15 @@ def test_ports_picked_together_are_distinct(monkeypatch: pytest.MonkeyPatch) -> 
     picks = iter([5000, 5000, 5001])  # the OS may hand out a port again until it is bound
     monkeypatch.setattr(readiness, "free_port", lambda: next(picks))
     assert readiness.free_ports(2) == [5000, 5001]
+
+
+def test_the_progress_names_the_engines_starting_together() -> None:
+    from workers.pipeline.evaluate import Steps
+
+    reported: list[tuple[str, int]] = []
+    steps = Steps(ctx=None, total=6)  # type: ignore[arg-type]
+    steps.report = lambda what, step=True: reported.append((what, step))  # type: ignore[method-assign]
+    steps.starting(["the trained drafter", "n-gram drafting"])
+    steps.starting(["the verifier alone"])
+    assert reported == [("starting the engines for the trained drafter and n-gram drafting", False),
+                        ("starting the engine for the verifier alone", False)]

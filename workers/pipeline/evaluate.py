@@ -525,19 +525,21 @@ class Steps:
                     "total_steps": self.total, "started_at": self.started_at}
         self.ctx.write(lambda session: self.ctx.lease.update(session, stage_progress=progress))
 
+    def starting(self, labels: list[str]) -> None:
+        engines = "engines" if len(labels) > 1 else "engine"
+        self.report(f"starting the {engines} for {' and '.join(labels)}", step=False)
+
     def of(self, label: str) -> "EngineSteps":
         return EngineSteps(self, label)
 
 
 @dataclass(frozen=True)
 class EngineSteps:
-    """One engine's part of the evaluation's steps: its start, then its prompts."""
+    """One engine's part of the evaluation's steps: its start (``Steps.starting``), then its
+    prompts."""
 
     steps: Steps
     label: str
-
-    def starting(self) -> None:
-        self.steps.report(f"starting the engine for {self.label}", step=False)
 
     def ready(self, prompts: int) -> None:
         self.steps.report(f"{self.label}: serving {prompts} held-out prompts")
@@ -575,6 +577,7 @@ def serve_and_measure(ctx: JobContext, wanted: list[EngineWanted], prompts: list
     at_once = engines_at_once(ctx.spec)
     for first in range(0, len(wanted), at_once):
         together = wanted[first:first + at_once]
+        steps.starting([w.label for w in together])
         batch = [start_engine(ctx, w, steps.of(w.label), port)
                  for w, port in zip(together, free_ports(len(together)), strict=True)]
         for engine in batch:
@@ -622,7 +625,6 @@ def start_engine(ctx: JobContext, wanted: EngineWanted, steps: EngineSteps, port
     """Start the engine (with the drafter, with n-gram drafting, or without speculation); it is
     stopped when measured, or when the attempt ends."""
     assert ctx.plan is not None
-    steps.starting()
     api_key = secrets.token_urlsafe(32)  # the engine's internal key: in its environment only
     ctx.secrets.append(api_key)
     command = evaluation_command(ctx.spec, wanted.drafter, port=port, gpus=ctx.plan.verifier_gpus,
