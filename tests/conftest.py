@@ -365,6 +365,9 @@ class Api:
     def delete(self, path: str, **kw: Any) -> Any:
         return self.client.delete(path, headers=self.headers(kw.pop("headers", None)), **kw)
 
+    def patch(self, path: str, **kw: Any) -> Any:
+        return self.client.patch(path, headers=self.headers(kw.pop("headers", None)), **kw)
+
     def job(self, job_id: str) -> dict[str, Any]:
         response = self.get(f"/api/jobs/{job_id}")
         assert response.status_code == 200, response.text

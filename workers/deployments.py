@@ -57,7 +57,8 @@ def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[
     drafter (returns it), or the deployment must stop (raises); a healthy round also scrapes
     the live acceptance when it is due (workers/live_metrics.py)."""
     failures = 0
-    live = LiveMetrics(ctx.lease.job_id, ctx.spec, base_url, ctx.settings)
+    live = LiveMetrics(ctx.spec.get("series", ctx.lease.job_id), ctx.spec.get("replica", 0),
+                       ctx.spec, base_url, ctx.settings)
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
             ctx.check()

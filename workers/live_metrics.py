@@ -7,7 +7,9 @@ interval's deltas as one point of the deployment's series, and raises the drift 
 - ``interval_between``: what happened between two scrapes. A counter that went down means a new
   engine (a restart): its values since it started are the interval's.
 - ``LiveMetrics``: one engine's scraper, ticked on every health-check round of
-  ``workers.deployments.monitor``; a failure here is logged and never stops the serving.
+  ``workers.deployments.monitor``; a failure here is logged and never stops the serving. A
+  replica's engine writes to its deployment's series, its points marked with its index, so the
+  series and the drift alert add the replicas up.
 - ``check_drift``: the acceptance length over the drift window against the one the drafter was
   evaluated at; an ``acceptance_dropped`` event and webhook once per episode, and an
   ``acceptance_recovered`` event when it is back, which re-arms the alert.
@@ -53,9 +55,9 @@ def interval_between(before: SpecDecodeCounters, after: SpecDecodeCounters,
 
 
 def record_point(session: Session, deployment_id: str, interval: Interval, *, drafter: str,
-                 checkpoint_id: str | None, at: datetime) -> DeploymentMetric:
+                 checkpoint_id: str | None, at: datetime, replica: int = 0) -> DeploymentMetric:
     point = DeploymentMetric(
-        deployment_id=deployment_id, created_at=at, interval_seconds=interval.seconds,
+        deployment_id=deployment_id, replica=replica, created_at=at, interval_seconds=interval.seconds,
         drafter=drafter, checkpoint_id=checkpoint_id, num_drafts=interval.drafts,
         num_draft_tokens=interval.draft_tokens, num_accepted_tokens=interval.accepted,
         accepted_per_position=list(interval.per_position),
@@ -115,9 +117,9 @@ def check_drift(session: Session, deployment_id: str, *, drafter: str, checkpoin
 class LiveMetrics:
     """Scrapes one engine every ``live_metrics_seconds``: its counters started at zero with it."""
 
-    def __init__(self, deployment_id: str, spec: dict[str, Any], base_url: str,
+    def __init__(self, deployment_id: str, replica: int, spec: dict[str, Any], base_url: str,
                  settings: Settings) -> None:
-        self.deployment_id = deployment_id
+        self.deployment_id, self.replica = deployment_id, replica
         self.drafter = spec.get("drafter") or spec.get("method") or "none"
         self.checkpoint_id = (spec.get("source") or {}).get("checkpoint_id")
         self.url = f"{base_url}/metrics"
@@ -152,6 +154,6 @@ class LiveMetrics:
         at = utcnow()
         with session_scope() as session:
             record_point(session, self.deployment_id, interval, drafter=self.drafter,
-                         checkpoint_id=self.checkpoint_id, at=at)
+                         checkpoint_id=self.checkpoint_id, at=at, replica=self.replica)
             check_drift(session, self.deployment_id, drafter=self.drafter,
                         checkpoint_id=self.checkpoint_id, settings=self.settings, now=at)

@@ -58,8 +58,10 @@ def run_deployment_task(deployment_id: str) -> None:
         return
     with session_scope() as session:
         row = session.get(Deployment, deployment_id)
+        # A replica's live acceptance goes to its deployment's series, marked with its index.
         deployment = {"name": row.name, "restarts": row.restarts,
-                      "spec": {**row.spec, "allocation": row.allocation}}
+                      "spec": {**row.spec, "allocation": row.allocation,
+                               "series": row.replica_of or row.id, "replica": row.replica}}
     run_deployment(lease, deployment, settings, api_key)
 
 

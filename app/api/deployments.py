@@ -16,6 +16,7 @@ from app.schemas.deployments import (
     DeploymentCreate,
     DeploymentEventOut,
     DeploymentOut,
+    DeploymentUpdate,
     PromoteRequest,
     PromotionOut,
     RetrainRequest,
@@ -60,6 +61,17 @@ def get_deployment(deployment_id: str, key: CurrentKey, session: SessionDep) -> 
     return service.deployment_out(service.get_deployment(session, key.project_id, deployment_id))
 
 
+@router.patch("/{deployment_id}", response_model=DeploymentOut,
+              responses=error_responses(400, 404, 409, 413))
+def update_deployment(deployment_id: str, body: DeploymentUpdate, key: CurrentKey,
+                      session: SessionDep, settings: SettingsDep) -> DeploymentOut:
+    """Scale a running deployment: new replicas are placed and started (each on a worker slot
+    of its own), those past the count drain and stop; a replica that failed for good is
+    replaced. 409 when the deployment is stopping, stopped or failed."""
+    return service.deployment_out(
+        service.update_deployment(session, key.project_id, deployment_id, body, settings))
+
+
 @router.get("/{deployment_id}/events", response_model=Page[DeploymentEventOut],
             responses=error_responses(404))
 def list_events(deployment_id: str, key: CurrentKey, session: SessionDep,
@@ -70,7 +82,9 @@ def list_events(deployment_id: str, key: CurrentKey, session: SessionDep,
     first; pass ``last_id`` back as ``after`` for the next page."""
     deployment = service.get_deployment(session, key.project_id, deployment_id)
     events, has_more = service.list_events(session, deployment, after=after, limit=limit)
-    return Page(data=[DeploymentEventOut.model_validate(e, from_attributes=True) for e in events],
+    replica = {row.id: row.replica for row in deployment.replica_set}
+    return Page(data=[DeploymentEventOut.model_validate(e, from_attributes=True).model_copy(
+                          update={"replica": replica.get(e.deployment_id, 0)}) for e in events],
                 has_more=has_more, last_id=events[-1].id if events else None)
 
 

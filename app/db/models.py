@@ -227,6 +227,19 @@ class Deployment(Leased, Base):
     capture_dataset_id: Mapped[str | None] = mapped_column(
         ForeignKey("datasets.id", ondelete="SET NULL"), index=True)
     capture_dataset: Mapped[Dataset | None] = relationship(lazy="selectin", viewonly=True)
+    # Replicas: a deployment with ``spec["replicas"]`` > 1 serves from that many engines, each
+    # on a worker slot of its own. The deployment's own row is replica 0; each other replica is a
+    # row of its own (its own status, worker, engine, health and restarts) that names the
+    # deployment in ``replica_of``, shares its name, spec and capture, and is run, leased and
+    # restarted exactly as a deployment is. Only the deployment's row is shown by the API.
+    replica_of: Mapped[str | None] = mapped_column(
+        ForeignKey("deployments.id", ondelete="CASCADE"), index=True)
+    replica: Mapped[int] = mapped_column(Integer, default=0)
+    # The rows of its replicas past 0, every one ever created (app.services.replicas reads them).
+    replica_set: Mapped[list[Deployment]] = relationship(
+        foreign_keys=[replica_of], viewonly=True, order_by=lambda: (Deployment.replica,
+                                                                   Deployment.created_at,
+                                                                   Deployment.id))
 
 
 class DeploymentEvent(Event, Base):
@@ -274,6 +287,7 @@ class DeploymentMetric(Base):
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    replica: Mapped[int] = mapped_column(Integer, default=0)  # whose engine (0: its own row's)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     interval_seconds: Mapped[float] = mapped_column(Float)
     # What served the interval: the drafter (path or Hub id) and its checkpoint, when a job's.

@@ -16,6 +16,13 @@ class DeploymentResources(Strict):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
 
 
+MAX_REPLICAS = 16
+REPLICAS = Field(1, ge=1, le=MAX_REPLICAS, description=(
+    "Engines serving the deployment, each on a worker slot of its own (on distinct hosts when "
+    "there are several); the gateway sends each request to the ready replica with the fewest "
+    "requests in flight"))
+
+
 # The one-source rule of DeploymentCreate._one_source, for the OpenAPI document: a field left
 # out and a field sent as null are the same.
 _ONE_SOURCE = {"oneOf": [
@@ -40,6 +47,7 @@ class DeploymentCreate(Strict):
     verifier: str | None = Field(None, min_length=1, max_length=512)
     num_speculative_tokens: int | None = Field(None, ge=1, le=64)
     resources: DeploymentResources = Field(default_factory=DeploymentResources)
+    replicas: int = REPLICAS
     runtime: Literal["vllm", "local"] | None = None
     capture: CaptureOptions | None = Field(None, description="Opt-in traffic capture into a "
                                            "project dataset (see CaptureOptions)")
@@ -53,6 +61,24 @@ class DeploymentCreate(Strict):
         if self.checkpoint_id is not None and self.verifier is not None:
             raise ValueError("a checkpoint's verifier is the one it was trained for; omit verifier")
         return self
+
+
+class DeploymentUpdate(Strict):
+    """What changes on a running deployment."""
+
+    replicas: int = REPLICAS
+
+
+class ReplicaOut(BaseModel):
+    """One engine of a deployment: replica 0 is the deployment's own."""
+
+    replica: int
+    status: str
+    status_reason: str | None
+    worker: str | None
+    restarts: int
+    drafter: str
+    started_at: datetime | None
 
 
 class DeploymentOut(BaseModel):
@@ -75,12 +101,18 @@ class DeploymentOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     capture: CaptureOut | None = None
+    replicas: int = Field(description="How many replicas it should have")
+    replica_states: list[ReplicaOut] = Field(description=(
+        "Its replicas, each with its own status, worker and restarts; ``status`` above is "
+        "``ready`` while any replica is"))
 
 
 class DeploymentEventOut(EventBase):
-    """An event of a deployment; ``stage`` is always null (deployments have no stages)."""
+    """An event of a deployment or of one of its replicas; ``stage`` is always null
+    (deployments have no stages)."""
 
     object: Literal["specdeck.deployment.event"] = "specdeck.deployment.event"
+    replica: int = Field(0, description="The replica it happened to (0: the deployment's own)")
 
 
 class PromoteRequest(Strict):

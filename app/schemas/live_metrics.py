@@ -11,10 +11,13 @@ from app.schemas.common import Page
 
 
 class LiveMetricPoint(BaseModel):
-    """One scrape interval of the deployment's engine (nothing generated: no point)."""
+    """One scrape interval of one of the deployment's engines (nothing generated: no point);
+    with replicas, each replica's engine has its own points, and sums add them up."""
 
     object: Literal["specdeck.deployment.metric"] = "specdeck.deployment.metric"
     id: int
+    replica: int = Field(description="The replica whose engine it counts (0: the deployment's "
+                         "own)")
     created_at: datetime = Field(description="When the interval ended (the scrape)")
     interval_seconds: float
     drafter: str = Field(description="What served it: the drafter's path or Hub id (a "

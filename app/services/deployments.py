@@ -7,14 +7,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
 
 from app.db.models import Deployment, DeploymentEvent, Job
 from app.errors import APIError, not_found
-from app.schemas.deployments import DeploymentCreate, DeploymentOut, RetrainRequest
+from app.schemas.deployments import (
+    DeploymentCreate,
+    DeploymentOut,
+    DeploymentUpdate,
+    ReplicaOut,
+    RetrainRequest,
+)
 from app.schemas.jobs import JOB_NAME_MAX, JobCreate
-from app.services import capture, quotas, state
+from app.services import capture, quotas, replicas, state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
 from app.services.checkpoints import checkpoint_drafter, drafter_block_size
@@ -44,9 +50,9 @@ def resolve_source(session: Session, project_id: str, body: DeploymentCreate,
 def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
                       settings: Settings, hub: Mapping[str, bytes]) -> Deployment:
     """``hub``: the configs of Hub models it names (``app.services.hub.fetch_configs``)."""
-    taken = session.scalar(select(Deployment.id).where(
+    taken = session.scalar(select(func.coalesce(Deployment.replica_of, Deployment.id)).where(
         Deployment.project_id == project_id, Deployment.name == body.name,
-        Deployment.status.in_(ACTIVE)))
+        Deployment.status.in_(ACTIVE)).limit(1))
     if taken is not None:
         raise APIError(409, f"deployment {taken} already serves '{body.name}'; delete it first",
                        code="deployment_name_in_use", param="name")
@@ -56,6 +62,7 @@ def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
         "num_speculative_tokens": body.num_speculative_tokens or source["block_size"] - 1,
         "runtime": body.runtime or settings.default_runtime,
         "resources": body.resources.model_dump(),
+        "replicas": body.replicas,
     }
     capture_dataset = None
     if body.capture is not None:  # before the new row exists: a redeploy reuses the dataset
@@ -65,13 +72,27 @@ def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
                             capture_dataset_id=capture_dataset.id if capture_dataset else None)
     state.initialize(session, deployment, "deployment created")
     quotas.check_active(session, deployment, settings)
+    replicas.scale(session, deployment, body.replicas)
+    schedule(session, settings)
+    return deployment
+
+
+def update_deployment(session: Session, project_id: str, deployment_id: str,
+                      body: DeploymentUpdate, settings: Settings) -> Deployment:
+    """Scale it to ``body.replicas`` (``app.services.replicas.scale``), one change at a time
+    per project."""
+    quotas.lock_project(session, project_id)
+    deployment = get_deployment(session, project_id, deployment_id)
+    replicas.scale(session, deployment, body.replicas)
     schedule(session, settings)
     return deployment
 
 
 def get_deployment(session: Session, project_id: str, deployment_id: str) -> Deployment:
+    """A deployment of the project (its replicas' rows are not deployments)."""
     deployment = session.scalars(select(Deployment).where(
-        Deployment.id == deployment_id, Deployment.project_id == project_id)).first()
+        Deployment.id == deployment_id, Deployment.project_id == project_id,
+        Deployment.replica_of.is_(None))).first()
     if deployment is None:
         raise not_found("deployment", deployment_id)
     return deployment
@@ -79,7 +100,8 @@ def get_deployment(session: Session, project_id: str, deployment_id: str) -> Dep
 
 def list_deployments(session: Session, project_id: str, *, limit: int,
                      after: str | None) -> tuple[list[Deployment], bool]:
-    query = select(Deployment).where(Deployment.project_id == project_id)
+    query = (select(Deployment).options(selectinload(Deployment.replica_set))
+             .where(Deployment.project_id == project_id, Deployment.replica_of.is_(None)))
     if after is not None:
         query = query.where(Deployment.id < after)
     rows = list(session.scalars(query.order_by(Deployment.id.desc()).limit(limit + 1)))
@@ -88,7 +110,10 @@ def list_deployments(session: Session, project_id: str, *, limit: int,
 
 def list_events(session: Session, deployment: Deployment, *, after: int | None,
                 limit: int) -> tuple[list[DeploymentEvent], bool]:
-    query = select(DeploymentEvent).where(DeploymentEvent.deployment_id == deployment.id)
+    """Its events and its replicas' (``replica_of``), oldest first."""
+    rows = select(Deployment.id).where(Deployment.replica_of == deployment.id)
+    query = select(DeploymentEvent).where(DeploymentEvent.deployment_id.in_(
+        rows.union(select(Deployment.id).where(Deployment.id == deployment.id))))
     if after is not None:
         query = query.where(DeploymentEvent.id > after)
     rows = list(session.scalars(query.order_by(DeploymentEvent.id).limit(limit + 1)))
@@ -97,14 +122,12 @@ def list_events(session: Session, deployment: Deployment, *, after: int | None,
 
 def delete_deployment(session: Session, project_id: str, deployment_id: str,
                       settings: Settings) -> Deployment:
-    """Pending: stopped at once. Starting or ready: stopping, then stopped by its worker."""
+    """Every replica: pending ones stopped at once, starting or ready ones stopping, then
+    stopped by their workers."""
     deployment = get_deployment(session, project_id, deployment_id)
-    current = DeploymentStatus(deployment.status)
-    if current == DeploymentStatus.PENDING:
-        state.transition(session, deployment, DeploymentStatus.STOPPED, reason="deleted by user")
-        schedule(session, settings)
-    elif current in (DeploymentStatus.STARTING, DeploymentStatus.READY):
-        state.transition(session, deployment, DeploymentStatus.STOPPING, reason="deleted by user")
+    for row in replicas.all_rows(deployment):
+        replicas.stop(session, row, "deleted by user")
+    schedule(session, settings)
     return deployment
 
 
@@ -155,14 +178,26 @@ def retrain_request(session: Session, project_id: str, deployment_id: str,
                        param=".".join(str(part) for part in error["loc"])) from exc
 
 
+def replica_out(row: Deployment) -> ReplicaOut:
+    return ReplicaOut(replica=row.replica, status=row.status, status_reason=row.status_reason,
+                      worker=row.worker_id, restarts=row.restarts, drafter=row.spec["drafter"],
+                      started_at=row.started_at)
+
+
 def deployment_out(deployment: Deployment) -> DeploymentOut:
+    """Its status is ``ready`` while any replica is (until it is deleted)."""
     spec = deployment.spec
+    rows = replicas.all_rows(deployment)
+    status = deployment.status
+    if status in replicas.RUNNING and any(r.status == DeploymentStatus.READY.value for r in rows):
+        status = DeploymentStatus.READY.value
     return DeploymentOut(
-        id=deployment.id, name=deployment.name, status=deployment.status,
+        id=deployment.id, name=deployment.name, status=status,
         status_reason=deployment.status_reason, source=spec["source"], drafter=spec["drafter"],
         verifier=spec["verifier"], num_speculative_tokens=spec["num_speculative_tokens"],
         runtime=spec["runtime"], resources=spec["resources"], restarts=deployment.restarts,
         worker=deployment.worker_id, allocation=deployment.allocation,
         created_at=deployment.created_at, updated_at=deployment.updated_at,
         started_at=deployment.started_at, finished_at=deployment.finished_at,
-        capture=capture.capture_out(deployment.capture_dataset, spec.get("capture")))
+        capture=capture.capture_out(deployment.capture_dataset, spec.get("capture")),
+        replicas=spec.get("replicas", 1), replica_states=[replica_out(r) for r in rows])

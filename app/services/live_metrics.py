@@ -50,9 +50,13 @@ class Interval:
 
     @classmethod
     def total(cls, rows: list[DeploymentMetric]) -> "Interval":
-        """Stored points summed: their ratios weigh each point by what it drafted."""
+        """Stored points summed: their ratios weigh each point by what it drafted. Replicas
+        serve side by side: the span is the longest of their sums of intervals, not the sum."""
         width = max((len(r.accepted_per_position) for r in rows), default=0)
-        return cls(seconds=sum(r.interval_seconds for r in rows),
+        spans: dict[int, float] = {}
+        for r in rows:
+            spans[r.replica] = spans.get(r.replica, 0.0) + r.interval_seconds
+        return cls(seconds=max(spans.values(), default=0.0),
                    drafts=sum(r.num_drafts for r in rows),
                    draft_tokens=sum(r.num_draft_tokens for r in rows),
                    accepted=sum(r.num_accepted_tokens for r in rows),

@@ -20,6 +20,7 @@ from app.db.models import Allocation, Deployment, Promotion, Worker
 from app.errors import APIError
 from app.services.checkpoints import checkpoint_drafter
 from app.services.paging import newest_first
+from app.services.replicas import replica_rows
 from app.services.scheduling import free_units
 from app.services.state import (
     PROMOTION_ACTIVE,
@@ -44,7 +45,7 @@ def serving_deployment(session: Session, project_id: str, name: str) -> Deployme
     active ones)."""
     return session.scalars(select(Deployment).where(
         Deployment.project_id == project_id, Deployment.name == name,
-        Deployment.status.in_(SERVING))).first()
+        Deployment.replica_of.is_(None), Deployment.status.in_(SERVING))).first()
 
 
 def checkpoint_target(session: Session, deployment: Deployment, checkpoint_id: str, *,
@@ -77,6 +78,19 @@ def _request(session: Session, deployment: Deployment, kind: str, target: dict[s
     if active is not None:
         raise APIError(409, f"promotion {active.id} of deployment {deployment.id} is "
                        f"{active.status}; wait until it ends", code="promotion_in_progress")
+    promotion = _pending(session, deployment, kind, target, job_id)
+    # Every replica switches the same way, each by its own worker; one that has not started
+    # yet starts with the new drafter.
+    for replica in replica_rows(deployment):
+        if replica.status in SERVING:
+            _pending(session, replica, kind, target, job_id)
+        elif replica.status == DeploymentStatus.PENDING.value:
+            replica.spec = {**replica.spec, **target}
+    return promotion
+
+
+def _pending(session: Session, deployment: Deployment, kind: str, target: dict[str, Any],
+             job_id: str | None) -> Promotion:
     promotion = Promotion(deployment_id=deployment.id, kind=kind, target=target, job_id=job_id,
                           status=PromotionStatus.PENDING.value)
     session.add(promotion)

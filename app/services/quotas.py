@@ -38,8 +38,11 @@ def check_active(session: Session, new: Job | Deployment, settings: Settings) ->
         return
     lock_project(session, new.project_id)
     terminal = [status.value for status in MACHINES[model].terminal]
-    active = session.scalar(select(func.count()).select_from(model).where(
-        model.project_id == new.project_id, model.status.not_in(terminal)))
+    query = select(func.count()).select_from(model).where(
+        model.project_id == new.project_id, model.status.not_in(terminal))
+    if model is Deployment:  # a deployment counts once, however many replicas it has
+        query = query.where(Deployment.replica_of.is_(None))
+    active = session.scalar(query)
     if active > limit:
         raise _exceeded(f"this project already has {active - 1} {what} and its quota is "
                         f"{limit}: {free}, or raise {_env(setting)}")

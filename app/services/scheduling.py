@@ -143,6 +143,8 @@ def schedule(session: Session, settings: Settings) -> int:
             continue
         candidates = [(w, free_units(session, w, n.resource)) for w in workers]
         fits = [(w, free) for w, free in candidates if len(free) >= n.count]
+        if isinstance(job, Deployment):
+            fits = _spread(session, job, fits)
         if any(_place(session, job, n, w, free) for w, free in fits):
             placed += 1
             continue
@@ -157,6 +159,22 @@ def schedule(session: Session, settings: Settings) -> int:
             reason = f"waiting for {n.describe()}: {_in_use(session, candidates, n.resource, job)}"
         _waiting(session, job, reason)
     return placed
+
+
+def _spread(session: Session, deployment: Deployment, fits: list[tuple[Worker, list[int]]]
+            ) -> list[tuple[Worker, list[int]]]:
+    """A deployment's replicas apart: workers on a host that serves none of its other replicas
+    first, then workers that serve none, then the rest (a slot of its own is all a replica
+    needs, on one machine too)."""
+    group = deployment.replica_of or deployment.id
+    placed = session.execute(select(Worker.id, Worker.host).join(
+        Deployment, Deployment.worker_id == Worker.id).where(
+        (Deployment.id == group) | (Deployment.replica_of == group),
+        Deployment.id != deployment.id)).all()
+    if not placed:
+        return fits
+    workers, hosts = {row.id for row in placed}, {row.host for row in placed}
+    return sorted(fits, key=lambda fit: (fit[0].host in hosts, fit[0].id in workers))
 
 
 def _name(owner: Job | Deployment, viewer: Job | Deployment) -> str:

@@ -175,7 +175,8 @@ def transition(
                               status=to.value, stage=new_stage,
                               message=message or reason or default, data=data))
     session.flush()
-    if webhook_event := machine.webhooks.get(to):
+    # A replica's status is its deployment's business (replica_states), not a webhook's.
+    if (webhook_event := machine.webhooks.get(to)) and getattr(obj, "replica_of", None) is None:
         from app.services.webhooks import enqueue  # it reads jobs and deployments, which import us
 
         enqueue(session, obj.project_id, webhook_event, obj)

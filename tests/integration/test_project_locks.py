@@ -191,3 +191,28 @@ def test_creates_racing_at_a_quota_minus_one_make_exactly_one(server: Server, na
     for refused in (r for r in answers if r.status_code == 429):
         assert_quota_exceeded(refused, quota.setting, param=quota.param)
     assert quota.held(server, project) == QUOTA
+
+
+# Scalings racing --------------------------------------------------------------------------
+
+def test_scalings_racing_leave_one_replica_per_index(server: Server) -> None:
+    """Six PATCHes of one deployment's replicas at once: whatever order they run in, the
+    deployment ends with one active row per index below the count the last one set."""
+    [key] = project_keys(1)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        made = create_deployment(client, key.plaintext, "scaled")
+        assert made.status_code == 201, made.text
+    deployment = made.json()["id"]
+    for _ in range(ROUNDS):
+        answers = race(server.url, [
+            lambda client, n=n: client.patch(f"/api/deployments/{deployment}",
+                                             json={"replicas": n}, headers=auth(key.plaintext))
+            for n in (2, 3, 4, 2, 3, 4)])
+        assert [r.status_code for r in answers] == [200] * 6, [r.text for r in answers]
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            final = client.get(f"/api/deployments/{deployment}", headers=auth(key.plaintext)).json()
+        active = "FROM deployments WHERE (id = :d OR replica_of = :d) AND status = 'pending'"
+        rows = server.scalar(f"SELECT count(*) {active}", d=deployment)
+        indices = server.scalar(f"SELECT count(DISTINCT replica) {active}", d=deployment)
+        assert rows == indices == final["replicas"], (rows, indices, final)
+        assert [s["replica"] for s in final["replica_states"]] == list(range(final["replicas"]))

@@ -1,4 +1,4 @@
-"""``specdeck deployments``: create, list, get, delete and wait for deployments."""
+"""``specdeck deployments``: create, list, get, scale, delete and wait for deployments."""
 
 from __future__ import annotations
 
@@ -14,13 +14,21 @@ from app.client.wait import wait_deployment
 def create(args: argparse.Namespace, api: Api) -> int:
     body = {"name": args.name, "checkpoint_id": args.checkpoint, "drafter": args.drafter,
             "verifier": args.verifier, "num_speculative_tokens": args.num_speculative_tokens,
-            "runtime": args.runtime}
+            "runtime": args.runtime, "replicas": args.replicas}
     deployment = api.json("POST", "/api/deployments",
                           json={k: v for k, v in body.items() if v is not None})
     note(f"created {deployment['id']} ({deployment['status']})")
     if args.wait:
         return wait_deployment(api, deployment["id"], timeout=args.timeout, as_json=args.json)
     show(deployment, args.json, deployment["id"])
+    return exits.SUCCEEDED
+
+
+def scale(args: argparse.Namespace, api: Api) -> int:
+    deployment = api.json("PATCH", f"/api/deployments/{args.deployment_id}",
+                          json={"replicas": args.replicas})
+    states = ", ".join(f"{r['replica']} {r['status']}" for r in deployment["replica_states"])
+    show(deployment, args.json, f"{deployment['id']} {deployment['replicas']} replicas ({states})")
     return exits.SUCCEEDED
 
 
@@ -54,15 +62,22 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--verifier")
     p.add_argument("--num-speculative-tokens", type=int, metavar="N")
     p.add_argument("--runtime", choices=("vllm", "local"))
+    p.add_argument("--replicas", type=int, metavar="N", help="engines serving it, each on a "
+                   "worker slot of its own (default 1)")
     _wait_options(p, flag=True)
     command(p, create)
 
     list_command(deployments_sub.add_parser("list", parents=[common],
                                             help="the project's deployments"),
-                 "/api/deployments", ("id", "name", "status", "drafter", "verifier", "restarts",
-                                      "created_at"), after="DEPLOYMENT_ID")
+                 "/api/deployments", ("id", "name", "status", "replicas", "drafter", "verifier",
+                                      "restarts", "created_at"), after="DEPLOYMENT_ID")
     get_command(deployments_sub.add_parser("get", parents=[common], help="a deployment, as JSON"),
                 "/api/deployments/{deployment_id}", "deployment_id")
+    p = deployments_sub.add_parser("scale", parents=[common], help="set a deployment's number "
+                                   "of replicas (new ones start, extra ones drain and stop)")
+    p.add_argument("deployment_id")
+    p.add_argument("replicas", type=int)
+    command(p, scale)
     p = deployments_sub.add_parser("delete", parents=[common], help="stop a deployment")
     p.add_argument("deployment_id")
     command(p, delete)

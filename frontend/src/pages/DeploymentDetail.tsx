@@ -1,5 +1,5 @@
 // /deployments/:deploymentId: one deployment, asked for every 2 s until it ends. Its cards are
-// in deployment/: the summary, traffic capture, events, live acceptance, promotions.
+// in deployment/: the summary, replicas, traffic capture, events, live acceptance, promotions.
 import { useQuery } from "@tanstack/react-query";
 import { Link, useParams } from "react-router-dom";
 import { api, must, type Deployment } from "../api/client";
@@ -11,6 +11,7 @@ import { Events } from "./deployment/Events";
 import { keys } from "./deployment/keys";
 import { LiveAcceptance } from "./deployment/LiveAcceptance";
 import { Promotions } from "./deployment/Promotions";
+import { Replicas } from "./deployment/Replicas";
 import { Snippets } from "./deployment/Snippets";
 import { Summary } from "./deployment/Summary";
 import "./deploy/deploy.css";
@@ -30,6 +31,7 @@ function Detail({ deployment }: { deployment: Deployment }) {
       <div className="split">
         <div>
           <Summary deployment={deployment} />
+          <Replicas deployment={deployment} />
           <Capture deployment={deployment} />
           {!isTerminal(deployment) && <Snippets deployment={deployment} />}
         </div>

@@ -44,6 +44,7 @@ export default function Deployments() {
                   <tr>
                     <th>Served name</th>
                     <th>Status</th>
+                    <th className="num">Replicas</th>
                     <th className="hide-narrow">Drafter</th>
                     <th className="hide-narrow">Verifier</th>
                     <th className="num hide-narrow">Restarts</th>
@@ -62,6 +63,9 @@ export default function Deployments() {
                       </td>
                       <td>
                         <StatusBadge status={d.status} />
+                      </td>
+                      <td className="num nowrap" title="ready of wanted">
+                        {d.replica_states.filter((r) => r.status === "ready").length}/{d.replicas}
                       </td>
                       <td className="hide-narrow mono wrap-anywhere">{d.drafter}</td>
                       <td className="hide-narrow mono wrap-anywhere">{d.verifier}</td>

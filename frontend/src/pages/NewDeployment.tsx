@@ -26,6 +26,8 @@ const SPEC_MIN = 1;
 const SPEC_MAX = 64;
 const TP_MIN = 1;
 const TP_MAX = 64;
+const REPLICAS_MIN = 1;
+const REPLICAS_MAX = 16; // app/schemas/deployments.py MAX_REPLICAS
 
 const FIELDS = [
   "name",
@@ -35,6 +37,7 @@ const FIELDS = [
   "num_speculative_tokens",
   "runtime",
   "tensor_parallel_size",
+  "replicas",
   "confirm_verdict",
   ...CAPTURE_FIELDS,
 ];
@@ -47,6 +50,7 @@ type Body = {
   num_speculative_tokens: number | null;
   runtime: "local" | "vllm" | null;
   resources: { tensor_parallel_size: number };
+  replicas: number;
   capture: CaptureOptions | null;
 } & ({ checkpoint_id: string } | { drafter: string; verifier: string });
 
@@ -123,6 +127,7 @@ export default function NewDeployment() {
   const [specTokens, setSpecTokens] = useState("");
   const [runtime, setRuntime] = useState<Runtime>("");
   const [tp, setTp] = useState("1");
+  const [replicas, setReplicas] = useState("1");
   const [capture, setCapture] = useState<CaptureForm>(CAPTURE_DEFAULTS);
   // A checkpoint whose evaluation says it does not pay off is deployed only once confirmed.
   const [confirmed, setConfirmed] = useState(false);
@@ -163,6 +168,8 @@ export default function NewDeployment() {
     if (specTokens.trim() && !intIn(specTokens, SPEC_MIN, SPEC_MAX))
       e.num_speculative_tokens = `A whole number from ${SPEC_MIN} to ${SPEC_MAX}, or empty`;
     if (!intIn(tp, TP_MIN, TP_MAX)) e.tensor_parallel_size = `A whole number from ${TP_MIN} to ${TP_MAX}`;
+    if (!intIn(replicas, REPLICAS_MIN, REPLICAS_MAX))
+      e.replicas = `A whole number from ${REPLICAS_MIN} to ${REPLICAS_MAX}`;
     if (verdict && !confirmed) e.confirm_verdict = "Tick this to deploy a drafter that does not pay off";
     return { ...e, ...validateCapture(capture) };
   }
@@ -182,6 +189,7 @@ export default function NewDeployment() {
       num_speculative_tokens: specTokens.trim() ? Number(specTokens) : null,
       runtime: runtime || null,
       resources: { tensor_parallel_size: Number(tp) },
+      replicas: Number(replicas),
       capture: captureBody(capture),
     };
     create.mutate(
@@ -356,6 +364,23 @@ export default function NewDeployment() {
                 step={1}
                 value={tp}
                 onChange={(e) => setTp(e.target.value)}
+              />
+            </Field>
+            <Field
+              id="dep-replicas"
+              label="Replicas"
+              error={errors.replicas}
+              hint="Engines serving it, each on a worker slot of its own; the gateway balances over them."
+            >
+              <input
+                {...described("dep-replicas", errors.replicas, true)}
+                type="number"
+                inputMode="numeric"
+                min={REPLICAS_MIN}
+                max={REPLICAS_MAX}
+                step={1}
+                value={replicas}
+                onChange={(e) => setReplicas(e.target.value)}
               />
             </Field>
           </div>

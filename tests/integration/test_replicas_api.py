@@ -1,0 +1,169 @@
+"""Deployment replicas through the API on both backends: created with the deployment and
+placed apart, scaled up and down by PATCH, each shown with its own status and worker, deleted
+together, promoted together, and its rows never shown as deployments of their own. The workers
+here are rows nobody runs (placement only); replicas serving through the gateway are in
+tests/integration/test_gateway_replicas.py and, on real engines, tests/e2e/test_replicas.py."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from tests.conftest import Api, Stack
+from tests.integration.test_promotions_api import make_checkpoint
+from tests.integration.test_scheduling import local_deployment
+from tests.support.errors import assert_error
+
+
+def add_worker(name: str, host: str, serving_slots: int = 2) -> None:
+    """A worker row that stays alive and is never run: what is placed on it stays pending."""
+    from app.db import session_scope
+    from app.db.models import Worker, utcnow
+
+    with session_scope() as session:
+        session.add(Worker(id=name, host=host, queue=f"q-{uuid.uuid4().hex[:8]}", gpus=[],
+                           capacity=1, serving_slots=serving_slots,
+                           last_heartbeat_at=utcnow() + timedelta(hours=1)))
+
+
+def rows(stack: Stack, deployment_id: str) -> list[tuple[int, str]]:
+    """(replica, status) of every row of the deployment, its own included, oldest first."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.db.models import Deployment
+
+    with session_scope() as session:
+        return [(r.replica, r.status) for r in session.scalars(
+            select(Deployment).where((Deployment.id == deployment_id)
+                                     | (Deployment.replica_of == deployment_id))
+            .order_by(Deployment.created_at, Deployment.id))]
+
+
+def test_replicas_are_created_with_the_deployment_and_placed_apart(api: Api, stack: Stack) -> None:
+    add_worker("w-a", "host-a")
+    add_worker("w-b", "host-b")
+    created = api.post("/api/deployments", json={**local_deployment(stack), "replicas": 2})
+    assert created.status_code == 201, created.text
+    deployment = created.json()
+    assert deployment["replicas"] == 2
+    states = deployment["replica_states"]
+    assert [s["replica"] for s in states] == [0, 1]
+    assert all(s["status"] == "pending" and s["restarts"] == 0 for s in states)
+    assert {s["worker"] for s in states} == {"w-a", "w-b"}  # one per host
+    assert all(s["drafter"] == deployment["drafter"] for s in states)
+    # The replica's row is no deployment of its own: not listed, not found by id.
+    assert [d["id"] for d in api.get("/api/deployments").json()["data"]] == [deployment["id"]]
+    [replica_id] = [stack.scalar("SELECT id FROM deployments WHERE replica_of = :id",
+                                 id=deployment["id"])]
+    assert_error(api.get(f"/api/deployments/{replica_id}"), 404, "not_found")
+    # Its events are the deployment's, marked with the replica.
+    events = api.get(f"/api/deployments/{deployment['id']}/events").json()["data"]
+    assert {e["replica"] for e in events} == {0, 1}
+    assert any(e["replica"] == 1 and e["message"].startswith("replica 1 of deployment")
+               for e in events)
+
+
+def test_a_single_host_takes_replicas_on_slots_of_their_own(api: Api, stack: Stack) -> None:
+    add_worker("laptop", "host-a", serving_slots=3)
+    deployment = api.post("/api/deployments",
+                          json={**local_deployment(stack), "replicas": 3}).json()
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.db.models import Deployment
+
+    with session_scope() as session:
+        slots = sorted(r.allocation["serving"][0] for r in session.scalars(
+            select(Deployment).where((Deployment.id == deployment["id"])
+                                     | (Deployment.replica_of == deployment["id"]))))
+    assert slots == [0, 1, 2]
+
+
+def test_scaling_up_and_down(api: Api, stack: Stack) -> None:
+    deployment = api.post("/api/deployments", json=local_deployment(stack)).json()
+    assert deployment["replicas"] == 1 and len(deployment["replica_states"]) == 1
+    path = f"/api/deployments/{deployment['id']}"
+
+    up = api.patch(path, json={"replicas": 3})
+    assert up.status_code == 200, up.text
+    assert up.json()["replicas"] == 3
+    assert [s["replica"] for s in up.json()["replica_states"]] == [0, 1, 2]
+    assert api.get(path).json()["replicas"] == 3
+
+    down = api.patch(path, json={"replicas": 2})
+    assert down.status_code == 200, down.text
+    assert [s["replica"] for s in down.json()["replica_states"]] == [0, 1]
+    # Pending replicas past the count stop at once; nothing else changed.
+    assert rows(stack, deployment["id"]) == [(0, "pending"), (1, "pending"), (2, "stopped")]
+
+    again = api.patch(path, json={"replicas": 3})  # a new row for index 2
+    assert [s["status"] for s in again.json()["replica_states"]] == ["pending"] * 3
+    assert rows(stack, deployment["id"])[-2:] == [(2, "stopped"), (2, "pending")]
+
+    # Deleting stops every replica.
+    assert api.delete(path).json()["status"] == "stopped"
+    assert {status for _, status in rows(stack, deployment["id"])} == {"stopped"}
+    assert_error(api.patch(path, json={"replicas": 2}), 409, "deployment_not_serving")
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"replicas": 0}, "invalid_value"), ({"replicas": 17}, "invalid_value"),
+    ({"replicas": "2"}, "invalid_value"), ({}, None), ({"replicas": 2, "name": "x"}, "unknown_field"),
+])
+def test_bad_scaling_is_refused_and_changes_nothing(api: Api, stack: Stack, body, code) -> None:
+    deployment = api.post("/api/deployments", json=local_deployment(stack)).json()
+    path = f"/api/deployments/{deployment['id']}"
+    response = api.patch(path, json=body)
+    if code is None:  # nothing asked: the default of one replica
+        assert response.status_code == 200 and response.json()["replicas"] == 1
+    else:
+        assert_error(response, 422, code)
+    assert rows(stack, deployment["id"]) == [(0, "pending")]
+    assert_error(api.post("/api/deployments", json={**local_deployment(stack, "other"),
+                                                    "replicas": 0}), 422, "invalid_value",
+                 "replicas")
+    assert_error(api.patch("/api/deployments/dep_" + "0" * 24, json={"replicas": 2}), 404,
+                 "not_found")
+
+
+def test_another_projects_deployment_cannot_be_scaled(api: Api, stack: Stack, make_api) -> None:
+    deployment = api.post("/api/deployments", json=local_deployment(stack)).json()
+    other = make_api(api)
+    assert_error(other.patch(f"/api/deployments/{deployment['id']}", json={"replicas": 2}), 404,
+                 "not_found")
+    assert rows(stack, deployment["id"]) == [(0, "pending")]
+
+
+def test_a_promotion_is_asked_of_every_serving_replica(api: Api, stack: Stack, job_body) -> None:
+    from sqlalchemy import select, update
+
+    from app.db import session_scope
+    from app.db.models import Deployment, Promotion
+
+    _, checkpoint_id = make_checkpoint(api, stack, job_body)
+    _, second = make_checkpoint(api, stack, job_body)
+    deployment = api.post("/api/deployments", json={"name": "fast", "checkpoint_id": checkpoint_id,
+                                                    "replicas": 3}).json()
+    # Replicas 0 and 1 serve (as a worker would have moved them); replica 2 waits for a slot.
+    with session_scope() as session:
+        session.execute(update(Deployment).where(
+            ((Deployment.id == deployment["id"]) | (Deployment.replica_of == deployment["id"]))
+            & (Deployment.replica < 2)).values(status="ready"))
+    promoted = api.post(f"/api/deployments/{deployment['id']}/promote",
+                        json={"checkpoint_id": second})
+    assert promoted.status_code == 202, promoted.text
+    assert promoted.json()["deployment_id"] == deployment["id"]
+    with session_scope() as session:
+        replicas = {r.replica: r for r in session.scalars(
+            select(Deployment).where(Deployment.replica_of == deployment["id"]))}
+        asked = {p.deployment_id: p for p in session.scalars(select(Promotion))}
+        assert set(asked) == {deployment["id"], replicas[1].id}
+        assert asked[replicas[1].id].target == asked[deployment["id"]].target
+        # The one not started yet starts with the new drafter.
+        assert replicas[2].spec["drafter"] == asked[deployment["id"]].target["drafter"]
+    # The deployment's history shows its own promotion, once.
+    assert [p["id"] for p in api.get(f"/api/deployments/{deployment['id']}/promotions")
+            .json()["data"]] == [promoted.json()["id"]]
