@@ -149,6 +149,9 @@ class Settings(BaseSettings):
     gateway_upstream_connect_timeout_seconds: float = Field(default=5.0, gt=0)
     # Concurrent connections to one upstream (more requests wait for one to be free).
     gateway_upstream_max_connections: int = Field(default=1024, ge=1)
+    # A deployment's replica that refused a connection or broke gets no requests for this long
+    # (unless every replica did), then is tried again.
+    gateway_replica_eject_seconds: float = Field(default=5.0, gt=0)
     # Retry-After on a 503 for a deployment that is starting, or an upstream that is down.
     gateway_starting_retry_after_seconds: int = Field(default=5, ge=1)
     gateway_unavailable_retry_after_seconds: int = Field(default=1, ge=1)

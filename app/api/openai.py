@@ -2,7 +2,15 @@
 
 ``GET /v1/models`` lists the ready deployments of the caller's project; ``POST
 /v1/chat/completions`` (streaming or not) goes to the deployment named by ``model``, over the
-app's pooled HTTP client, with the deployment's internal key (never shown to the caller).
+app's pooled HTTP client, with the engine's internal key (never shown to the caller).
+
+A deployment with replicas is served by those that are ready (``Balancer``): each request goes
+to the one with the fewest requests in flight from this API process (ties in turn). One that
+refuses the connection or breaks before answering is ejected for
+SPECDECK_GATEWAY_REPLICA_EJECT_SECONDS (unless every replica is) and the request goes once more,
+to another replica: the errors below come when the route has no other, or it fails too. Neither
+a timeout (the engine may still be working on the request) nor an engine's HTTP answer is
+retried. Usage and capture name the deployment, whichever replica served.
 
 Status codes follow what openai-python retries (408, 409, 429 and 5xx): a request that must not
 be retried never gets one of those.
@@ -16,7 +24,8 @@ the cap, a missing ``model``                         (``param`` names the field)
 no such model in the project (or another     404     ``model_not_found``
 project's, or stopping/stopped/failed)
 the deployment is pending or starting        503     ``model_not_ready`` + Retry-After
-the upstream refuses connections, or does     503     ``upstream_unavailable`` + Retry-After
+no ready replica with a usable address, or   503     ``upstream_unavailable`` + Retry-After
+the upstream refuses connections, or does
 not accept one within the connect timeout
 no answer within the upstream timeout        504     ``upstream_timeout``
 the upstream failed (5xx, bad answer)        502     ``upstream_error``
@@ -26,13 +35,14 @@ the database is down and nothing is cached   503     ``service_unavailable`` + R
 ==========================================  ======  ====================================
 
 Streaming: the first upstream chunk is read before the response starts, so a failure up to then
-is one of the HTTP errors above. Chunks are then passed through as they come; the stream always
-ends with ``data: [DONE]``, or, when the upstream dies mid-stream, with a final
-``data: {"error": {...}}`` event (``upstream_error``; ``upstream_timeout`` when it sends nothing
-for SPECDECK_GATEWAY_UPSTREAM_TIMEOUT_SECONDS). When the client disconnects, the upstream
-request is closed at once (the upstream sees its client go away). Usage comes from the
-upstream's ``usage`` (the gateway asks for ``stream_options.include_usage`` and drops that chunk
-again when the client did not ask for it) and is recorded per key in batches.
+is one of the HTTP errors above (or a retry on another replica). Chunks are then passed through
+as they come; the stream always ends with ``data: [DONE]``, or, when the upstream dies
+mid-stream, with a final ``data: {"error": {...}}`` event (``upstream_error``;
+``upstream_timeout`` when it sends nothing for SPECDECK_GATEWAY_UPSTREAM_TIMEOUT_SECONDS). When
+the client disconnects, the upstream request is closed at once (the upstream sees its client go
+away). Usage comes from the upstream's ``usage`` (the gateway asks for
+``stream_options.include_usage`` and drops that chunk again when the client did not ask for it)
+and is recorded per key in batches.
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ from app.services.gateway import (
     Gateway,
     ProjectRoutes,
     Route,
+    UpstreamBroken,
     UpstreamConnectError,
     UpstreamError,
     UpstreamResponse,
@@ -132,7 +143,7 @@ async def resolve(gateway: Gateway, caller: Caller, model: str) -> Route:
         raise APIError(503, f"The model '{echo(model)}' is starting; retry shortly",
                        code="model_not_ready",
                        headers={"Retry-After": gateway.starting_retry_after})
-    if route.url is None or route.headers is None:
+    if not route.replicas:
         raise APIError(503, f"The model '{echo(model)}' is not reachable right now",
                        code="upstream_unavailable",
                        headers={"Retry-After": gateway.unavailable_retry_after})
@@ -514,13 +525,44 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
     return await open_stream(gateway, caller, route, content, receive, client_usage, messages)
 
 
+async def upstream_answer(gateway: Gateway, route: Route, content: bytes,
+                          stream: bool) -> tuple[UpstreamResponse, bytes]:
+    """The response of a replica of ``route`` (the balancer's pick) and its body, or when
+    streaming with a 200 its first chunk (the rest is left to read). A replica that cannot be
+    reached or breaks before that is ejected, and the request goes once more, to another one if
+    the route has another: nothing has gone to the client yet. The caller closes the response."""
+    balancer = gateway.balancer
+    replica = balancer.pick(route.replicas)
+    retry = len(route.replicas) > 1
+    while True:
+        upstream: UpstreamResponse | None = None
+        try:
+            upstream = await gateway.client.send(replica.url, replica.headers, content,
+                                                 balancer.inflight, replica.deployment_id)
+            if not stream or upstream.status != 200:
+                return upstream, await upstream.read()
+            first: bytes | None = None
+            while not first:  # the first non-empty chunk
+                first = await upstream.next_chunk()
+                if first is None:
+                    raise UpstreamBroken("the upstream closed the stream without answering")
+            return upstream, first
+        except BaseException as exc:
+            if upstream is not None:
+                upstream.close()  # aborts the upstream request if it was still going
+            if not isinstance(exc, (UpstreamConnectError, UpstreamBroken)):
+                raise
+            balancer.eject(replica, exc)
+            if not retry:
+                raise
+            replica, retry = balancer.pick(route.replicas, avoid=replica), False
+
+
 async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
                    receive: Receive, messages: Any) -> Response | None:
-    upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
     try:
-        upstream = await gateway.client.send(route.url, route.headers, content)  # type: ignore[arg-type]
-        body = await upstream.read()
+        upstream, body = await upstream_answer(gateway, route, content, stream=False)
     except asyncio.CancelledError:
         if watch.swallow():
             return None  # the client went away: nobody is left to read it
@@ -529,8 +571,7 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
         raise transport_error(gateway, exc) from None
     finally:
         watch.stop()
-        if upstream is not None:
-            upstream.close()  # a no-op once read to the end; else aborts the upstream request
+    upstream.close()  # read to the end: this only ends its count in flight
     if upstream.status != 200:
         raise upstream_error(upstream.status, body, upstream.header("Retry-After"))
     record_usage(gateway, caller, route, find_object(body, "usage"),
@@ -545,17 +586,10 @@ async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: b
                       receive: Receive, client_usage: bool, messages: Any) -> Response | None:
     upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
-    first: bytes | None = None
     try:
-        upstream = await gateway.client.send(route.url, route.headers, content)  # type: ignore[arg-type]
+        upstream, first = await upstream_answer(gateway, route, content, stream=True)
         if upstream.status != 200:
-            error = await upstream.read()
-            raise upstream_error(upstream.status, error, upstream.header("Retry-After"))
-        while not first:  # the first non-empty chunk, before any header goes out
-            first = await upstream.next_chunk()
-            if first is None:
-                raise APIError(502, "The model server closed the stream without answering",
-                               code="upstream_error", type="server_error")
+            raise upstream_error(upstream.status, first, upstream.header("Retry-After"))
         if first.startswith(b'data: {"error"'):  # failed before generating: an HTTP error
             try:
                 error = event_json(first[:event_end(first)] or first)["error"]

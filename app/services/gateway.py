@@ -19,6 +19,8 @@ may call, and what they used. Everything on the request path is in memory.
   upstreams, a read timeout per streamed chunk, bytes passed through undecoded. (aiohttp, not
   httpx: against the same upstream in the same run, httpx cost about 1 ms of CPU per request
   and aiohttp 0.3 ms, and the gateway's whole budget is 1 ms; see docs/benchmarks.md.)
+* ``Balancer``: which replica of a deployment a request goes to (the fewest in flight from this
+  process; one that failed to connect or broke is ejected for a few seconds).
 * ``Gateway``: the above, created and closed by the app's lifespan (``gateway_lifespan``).
 
 Settings: the ``gateway_*`` fields of ``app.settings.Settings``.
@@ -149,19 +151,30 @@ class Caller:
 
 
 @dataclass(frozen=True, slots=True)
+class Replica:
+    """One engine a route can send to: the deployment's own row (index 0) or one of its replica
+    rows, ready, with its chat completions URL and the headers to send it ("Authorization: Bearer
+    <the engine's internal key>", never shown to a client)."""
+
+    deployment_id: str  # that row's id (the deployment's own for index 0)
+    index: int
+    url: str
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
-    """One served model name of a project: the newest deployment by that name not stopped."""
+    """One served model name of a project: the newest deployment by that name not stopped, and
+    the engines that serve it (``replicas``: its own row and its replica rows that are ready
+    with a usable URL and key; ``Balancer`` picks one per request). ``status`` is ready when any
+    of those rows is, else the deployment's own. Usage and capture name the deployment
+    (``deployment_id``), whichever replica served the request."""
 
     deployment_id: str
     name: str
     status: str
-    upstream_url: str | None
     created: int
-    # The upstream's chat completions URL and the headers to send it, with "Authorization:
-    # Bearer <the upstream's internal key>" (never shown to a client). None: the URL or the key
-    # is unusable (not set, not decryptable, not a valid header).
-    url: str | None = None
-    headers: dict[str, str] | None = None
+    replicas: tuple[Replica, ...] = ()
     # Traffic capture: the dataset sampled requests go to (None: off), and the share sampled.
     capture_dataset_id: str | None = None
     capture_rate: float = 0.0
@@ -174,6 +187,8 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class ProjectRoutes:
+    """A project's routes by served name (replica rows are inside their deployment's route)."""
+
     by_name: dict[str, Route]
 
     @property
@@ -193,34 +208,54 @@ def load_caller(key_hash: str) -> Caller | None:
 
 def routes_loader(settings: Settings) -> Callable[[str], ProjectRoutes]:
     fernet = cipher(settings)
+    ready = DeploymentStatus.READY.value
+
+    def replica(row: Any) -> Replica | None:
+        """The row's engine, if the row is ready and its URL and key are usable."""
+        if row.status != ready:
+            return None
+        key: str | None = None
+        if row.api_key_ciphertext:
+            try:
+                key = fernet.decrypt(row.api_key_ciphertext.encode()).decode()
+            except InvalidToken:
+                log.error("deployment %s: its upstream key cannot be decrypted with "
+                          "SPECDECK_SECRET_KEY or SPECDECK_SECRET_KEY_PREVIOUS", row.id)
+                return None
+        url, headers = upstream_target(row.upstream_url, key, "/v1/chat/completions")
+        if url is None or headers is None:
+            return None
+        return Replica(deployment_id=row.id, index=row.replica, url=url, headers=headers)
 
     def load(project_id: str) -> ProjectRoutes:
+        # One query: the project's deployment rows and replica rows (a replica shares its
+        # deployment's project), not stopped.
         with session_scope() as session:
             rows = session.execute(
                 select(Deployment.id, Deployment.name, Deployment.status, Deployment.upstream_url,
                        Deployment.api_key_ciphertext, Deployment.created_at,
+                       Deployment.replica_of, Deployment.replica,
                        Capture.dataset_id.label("capture_dataset_id"), Capture.sample_rate)
                 .outerjoin(Capture, Capture.dataset_id == Deployment.capture_dataset_id)
                 .where(Deployment.project_id == project_id,
                        Deployment.status != DeploymentStatus.STOPPED.value)
                 .order_by(Deployment.created_at, Deployment.id)).all()
-        by_name: dict[str, Route] = {}
+        newest: dict[str, Any] = {}
+        replica_rows: dict[str, list[Any]] = {}  # deployment id -> its replica rows
         for row in rows:  # oldest first: the newest of a name wins
-            key: str | None = None
-            if row.api_key_ciphertext:
-                try:
-                    key = fernet.decrypt(row.api_key_ciphertext.encode()).decode()
-                except InvalidToken:
-                    log.error("deployment %s: its upstream key cannot be decrypted with "
-                              "SPECDECK_SECRET_KEY or SPECDECK_SECRET_KEY_PREVIOUS", row.id)
-                    key = "\n"  # unusable: the route answers 503
-            url, headers = upstream_target(row.upstream_url, key, "/v1/chat/completions")
-            by_name[row.name] = Route(deployment_id=row.id, name=row.name, status=row.status,
-                                      upstream_url=row.upstream_url,
-                                      created=int(row.created_at.timestamp()),
-                                      url=url, headers=headers,
-                                      capture_dataset_id=row.capture_dataset_id,
-                                      capture_rate=row.sample_rate or 0.0)
+            if row.replica_of is None:
+                newest[row.name] = row
+            else:
+                replica_rows.setdefault(row.replica_of, []).append(row)
+        by_name: dict[str, Route] = {}
+        for name, row in newest.items():
+            served = [row, *sorted(replica_rows.get(row.id, ()), key=lambda r: r.replica)]
+            status = ready if any(r.status == ready for r in served) else row.status
+            by_name[name] = Route(
+                deployment_id=row.id, name=name, status=status,
+                created=int(row.created_at.timestamp()),
+                replicas=tuple(r for r in map(replica, served) if r is not None),
+                capture_dataset_id=row.capture_dataset_id, capture_rate=row.sample_rate or 0.0)
         return ProjectRoutes(by_name=by_name)
 
     return load
@@ -447,12 +482,16 @@ class ClientWatch:
 class UpstreamResponse:
     """An upstream response whose head has arrived; the body is read with ``read()`` or
     ``next_chunk()``. ``close()`` before the end drops the connection (the request is aborted
-    upstream); reading to the end returns it to the pool."""
+    upstream); reading to the end returns it to the pool. The request counts in flight
+    (``UpstreamClient.send``) until the first ``close()``."""
 
-    __slots__ = ("response", "status")
+    __slots__ = ("response", "status", "inflight", "key")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, inflight: dict[str, int],
+                 key: str) -> None:
         self.response, self.status = response, response.status
+        self.inflight: dict[str, int] | None = inflight
+        self.key = key
 
     def header(self, name: str) -> str | None:
         return self.response.headers.get(name)
@@ -477,8 +516,11 @@ class UpstreamResponse:
         return b"".join(parts)
 
     def close(self) -> None:
-        """A no-op once the body was read to the end; before that, drops the connection."""
+        """Drops the connection if the body was not read to the end; ends the count in flight."""
         self.response.close()
+        if self.inflight is not None:
+            self.inflight[self.key] -= 1
+            self.inflight = None
 
 
 class UpstreamClient:
@@ -503,24 +545,85 @@ class UpstreamClient:
                 auto_decompress=False, skip_auto_headers=("User-Agent",))
         return self._session
 
-    async def send(self, url: str, headers: dict[str, str], body: bytes) -> UpstreamResponse:
-        """POST ``body``; return once the response head has arrived."""
-        for attempt in (0, 1):
-            try:
-                response = await self.session.post(url, data=body, headers=headers)
-            except aiohttp.ServerDisconnectedError:
-                if attempt == 0:
-                    continue  # a pooled connection the upstream had closed: once more, fresh
-                raise UpstreamBroken("the upstream closed the connection") from None
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise _upstream_error(exc) from None
-            return UpstreamResponse(response)
-        raise AssertionError("unreachable")
+    async def send(self, url: str, headers: dict[str, str], body: bytes,
+                   inflight: dict[str, int], key: str) -> UpstreamResponse:
+        """POST ``body``; return once the response head has arrived. ``inflight[key]`` counts
+        the request from now until the response is closed."""
+        inflight[key] = inflight.get(key, 0) + 1
+        try:
+            for attempt in (0, 1):
+                try:
+                    response = await self.session.post(url, data=body, headers=headers)
+                except aiohttp.ServerDisconnectedError:
+                    if attempt == 0:
+                        continue  # a pooled connection the upstream had closed: once more
+                    raise UpstreamBroken("the upstream closed the connection") from None
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise _upstream_error(exc) from None
+                return UpstreamResponse(response, inflight, key)
+            raise AssertionError("unreachable")
+        except BaseException:
+            inflight[key] -= 1
+            raise
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+# --- balancing across replicas -----------------------------------------------------------------
+
+class Balancer:
+    """Which of a route's replicas a request goes to, per gateway process (no coordination
+    between API processes): the one with the fewest requests in flight from this process
+    (``inflight``, counted by ``UpstreamClient.send``), ties to the one picked longest ago, so
+    sequential requests take turns. A replica that refused a connection or broke before
+    answering is ejected for ``eject_seconds``: picked only when every other one is ejected too
+    (never a 503 for ejection alone); after that the next request tries it again."""
+
+    EJECTED = 1 << 30  # added to an ejected replica's count in flight
+
+    __slots__ = ("eject_seconds", "inflight", "picked", "picks", "ejected")
+
+    def __init__(self, eject_seconds: float) -> None:
+        self.eject_seconds = eject_seconds
+        self.inflight: dict[str, int] = {}  # replica id -> requests in flight
+        self.picked: dict[str, int] = {}  # replica id -> the number of its last pick
+        self.picks = 0
+        self.ejected: dict[str, float] = {}  # replica id -> ejected until (time.monotonic)
+
+    def pick(self, replicas: tuple[Replica, ...], avoid: Replica | None = None) -> Replica:
+        """One of ``replicas`` (not empty), never ``avoid`` when there is another."""
+        if len(replicas) == 1:
+            return replicas[0]
+        inflight, picked, ejected = self.inflight, self.picked, self.ejected
+        now = time.monotonic() if ejected else 0.0
+        best, best_load, best_pick = replicas[0], -1, 0
+        for replica in replicas:
+            if replica is avoid:
+                continue
+            key = replica.deployment_id
+            load = inflight.get(key, 0)
+            if ejected and key in ejected:
+                if ejected[key] > now:
+                    load += self.EJECTED
+                else:
+                    del ejected[key]
+            last = picked.get(key, 0)
+            if best_load < 0 or load < best_load or (load == best_load and last < best_pick):
+                best, best_load, best_pick = replica, load, last
+        self.picks += 1
+        picked[best.deployment_id] = self.picks
+        return best
+
+    def eject(self, replica: Replica, error: UpstreamError) -> None:
+        """Eject ``replica`` (again) for ``eject_seconds``; logged when it was not ejected."""
+        key, now = replica.deployment_id, time.monotonic()
+        if self.ejected.get(key, 0.0) <= now:
+            log.warning("upstream %s (replica %d, %s) failed: %s; ejected for %g s", replica.url,
+                        replica.index, key, error, self.eject_seconds)
+        self.ejected[key] = now + self.eject_seconds
 
 
 # --- the gateway -------------------------------------------------------------------------------
@@ -545,6 +648,7 @@ class Gateway:
             connect_timeout=settings.gateway_upstream_connect_timeout_seconds,
             read_timeout=settings.gateway_upstream_timeout_seconds,
             max_connections=settings.gateway_upstream_max_connections)
+        self.balancer = Balancer(settings.gateway_replica_eject_seconds)
         self._flushers: list[asyncio.Task[None]] = []
 
     def start(self) -> None:

@@ -355,6 +355,27 @@ test.describe.serial("the demo flow", () => {
       await page.goto(`/deployments/${deploymentId}`);
     });
 
+    await test.step("9a. the replicas: one ready; a second waits for a serving slot, then is scaled away", async () => {
+      const replicas = page.getByRole("region", { name: "Replicas" });
+      await expect(replicas.getByRole("heading")).toContainText("1 of 1 ready");
+      await expect(replicas.getByTestId("replica-0")).toContainText(/ready/i);
+      const count = replicas.getByLabel("Replicas");
+      await count.fill("0");
+      await replicas.getByRole("button", { name: "Scale" }).click();
+      await expect(replicas.getByRole("alert")).toHaveText("A whole number from 1 to 16");
+      // `specdeck run`'s worker has one serving slot, held by replica 0: replica 1 waits for one.
+      await count.fill("2");
+      await replicas.getByRole("button", { name: "Scale" }).click();
+      await expect(replicas.getByTestId("replica-1")).toContainText(/pending/i);
+      await expect(replicas.getByTestId("replica-1").getByTitle(/waiting for a free serving slot/)).toBeVisible();
+      await expect(replicas.getByRole("heading")).toContainText("1 of 2 ready");
+      await count.fill("1");
+      await replicas.getByRole("button", { name: "Scale" }).click();
+      await expect(replicas.getByTestId("replica-1")).toHaveCount(0);
+      await expect(replicas.getByRole("heading")).toContainText("1 of 1 ready");
+      await screenshotSizes(page, replicas, "deployment-replicas");
+    });
+
     await test.step("10. nothing to roll back to (the button says so), an unknown checkpoint (422)", async () => {
       const rollBack = promotions.getByRole("button", { name: `Roll back deployment ${DEPLOYMENT_NAME}` });
       await expect(rollBack).toBeDisabled();

@@ -377,7 +377,13 @@ export interface paths {
         delete: operations["delete_deployment_api_deployments__deployment_id__delete"];
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Update Deployment
+         * @description Scale a running deployment: new replicas are placed and started (each on a worker slot
+         *     of its own), those past the count drain and stop; a replica that failed for good is
+         *     replaced. 409 when the deployment is stopping, stopped or failed.
+         */
+        patch: operations["update_deployment_api_deployments__deployment_id__patch"];
         trace?: never;
     };
     "/api/deployments/{deployment_id}/events": {
@@ -1033,6 +1039,12 @@ export interface components {
             /** Num Speculative Tokens */
             num_speculative_tokens?: number | null;
             resources?: components["schemas"]["DeploymentResources"];
+            /**
+             * Replicas
+             * @description Engines serving the deployment, each on a worker slot of its own (on distinct hosts when there are several); the gateway sends each request to the ready replica with the fewest requests in flight
+             * @default 1
+             */
+            replicas: number;
             /** Runtime */
             runtime?: ("vllm" | "local") | null;
             /** @description Opt-in traffic capture into a project dataset (see CaptureOptions) */
@@ -1048,7 +1060,8 @@ export interface components {
         });
         /**
          * DeploymentEventOut
-         * @description An event of a deployment; ``stage`` is always null (deployments have no stages).
+         * @description An event of a deployment or of one of its replicas; ``stage`` is always null
+         *     (deployments have no stages).
          */
         DeploymentEventOut: {
             /**
@@ -1078,6 +1091,12 @@ export interface components {
             data: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Replica
+             * @description The replica it happened to (0: the deployment's own)
+             * @default 0
+             */
+            replica: number;
         };
         /** DeploymentOut */
         DeploymentOut: {
@@ -1134,6 +1153,16 @@ export interface components {
             /** Finished At */
             finished_at: string | null;
             capture?: components["schemas"]["CaptureOut"] | null;
+            /**
+             * Replicas
+             * @description How many replicas it should have
+             */
+            replicas: number;
+            /**
+             * Replica States
+             * @description Its replicas, each with its own status, worker and restarts; ``status`` above is ``ready`` while any replica is
+             */
+            replica_states: components["schemas"]["ReplicaOut"][];
         };
         /** DeploymentResources */
         DeploymentResources: {
@@ -1142,6 +1171,18 @@ export interface components {
              * @default 1
              */
             tensor_parallel_size: number;
+        };
+        /**
+         * DeploymentUpdate
+         * @description What changes on a running deployment.
+         */
+        DeploymentUpdate: {
+            /**
+             * Replicas
+             * @description Engines serving the deployment, each on a worker slot of its own (on distinct hosts when there are several); the gateway sends each request to the ready replica with the fewest requests in flight
+             * @default 1
+             */
+            replicas: number;
         };
         /** ErrorDetail */
         ErrorDetail: {
@@ -1534,7 +1575,8 @@ export interface components {
         };
         /**
          * LiveMetricPoint
-         * @description One scrape interval of the deployment's engine (nothing generated: no point).
+         * @description One scrape interval of one of the deployment's engines (nothing generated: no point);
+         *     with replicas, each replica's engine has its own points, and sums add them up.
          */
         LiveMetricPoint: {
             /**
@@ -1545,6 +1587,11 @@ export interface components {
             object: "specdeck.deployment.metric";
             /** Id */
             id: number;
+            /**
+             * Replica
+             * @description The replica whose engine it counts (0: the deployment's own)
+             */
+            replica: number;
             /**
              * Created At
              * Format: date-time
@@ -2031,6 +2078,26 @@ export interface components {
              * @default true
              */
             private: boolean;
+        };
+        /**
+         * ReplicaOut
+         * @description One engine of a deployment: replica 0 is the deployment's own.
+         */
+        ReplicaOut: {
+            /** Replica */
+            replica: number;
+            /** Status */
+            status: string;
+            /** Status Reason */
+            status_reason: string | null;
+            /** Worker */
+            worker: string | null;
+            /** Restarts */
+            restarts: number;
+            /** Drafter */
+            drafter: string;
+            /** Started At */
+            started_at: string | null;
         };
         /** Resources */
         Resources: {
@@ -4313,6 +4380,106 @@ export interface operations {
             };
             /** @description No such resource in the caller's project */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    update_deployment_api_deployments__deployment_id__patch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                deployment_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeploymentUpdate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeploymentOut"];
+                };
+            };
+            /** @description The body could not be parsed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description No such resource in the caller's project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The resource's current state does not allow this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The request body is over the size limit */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,6 +1,6 @@
 // Live acceptance: what the engine's /metrics say about the drafter as it serves real traffic.
 // The acceptance length over time, a line per drafter (a promotion or a rollback starts a new
-// one), held against the acceptance length the drafter was evaluated at and the drift alert's
+// one) and per replica (dashed past replica 0), held against the acceptance length the drafter was evaluated at and the drift alert's
 // threshold; the window's summary; the alert, when it is raised.
 import { CartesianGrid, Legend, Line, LineChart, ReferenceLine, Tooltip, XAxis, YAxis } from "recharts";
 import type { Deployment, LiveWindow } from "../../api/client";
@@ -14,6 +14,7 @@ import { HISTORY_MS, runsOf, useLiveSeries, type Row, type Run } from "./live";
 
 const EVALUATED = "#2b8a3e";
 const ALERT = "#c92a2a";
+const DASHES = ["6 3", "2 2", "8 3 2 3"]; // replicas 1, 2, 3, 4, ... (0 is solid)
 
 /** 600 → "10 min", 21600 → "6 h". */
 const span = (s: number) => (s % 3600 === 0 ? `${s / 3600} h` : s % 60 === 0 ? `${s / 60} min` : `${num(s, 0)} s`);
@@ -42,6 +43,7 @@ function WindowStats({ window }: { window: LiveWindow }) {
 function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveWindow }) {
   const keys = [...new Set(runs.map((r) => r.key))];
   const color = (key: string) => colorAt(keys.indexOf(key));
+  const replicas = new Set(runs.map((r) => r.replica)).size > 1;
   const evaluated = window.evaluated_acceptance_length;
   const alertBelow = window.alert_below;
   const top = (max: number) => Math.ceil(Math.max(max, evaluated ?? 0) + 0.25);
@@ -79,9 +81,10 @@ function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveW
         <Line
           key={run.dataKey}
           dataKey={run.dataKey}
-          name={shortId(run.key)}
+          name={replicas ? `${shortId(run.key)} · replica ${run.replica}` : shortId(run.key)}
           legendType={run.first ? "line" : "none"}
           stroke={color(run.key)}
+          strokeDasharray={run.replica ? DASHES[(run.replica - 1) % DASHES.length] : undefined}
           dot={DOT}
           strokeWidth={1.5}
           isAnimationActive={false}
@@ -117,7 +120,7 @@ export function LiveAcceptance({ deployment }: { deployment: Deployment }) {
         {series.error && <ErrorNote error={series.error} retry={() => series.refetch()} />}
         <ChartCard
           label="Live acceptance length"
-          hint={`Tokens per verifier pass at each scrape, over the last ${span(HISTORY_MS / 1000)}; a new line starts where the drafter changed.`}
+          hint={`Tokens per verifier pass at each scrape, over the last ${span(HISTORY_MS / 1000)}; a new line starts where the drafter changed, and each replica has its own.`}
           isEmpty={runs.length === 0}
           empty={
             deployment.status === "ready"

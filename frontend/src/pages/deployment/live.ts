@@ -53,10 +53,12 @@ export function useLiveSeries(deployment: Deployment) {
   });
 }
 
-/** One drafter's run of consecutive points: a promotion (or a rollback) starts a new one. */
+/** One drafter's run of consecutive points of one replica: a promotion (or a rollback) starts
+ * a new one, and each replica's engine has lines of its own. */
 export interface Run {
   key: string; // the checkpoint id, or the drafter for one that is not a checkpoint
-  first: boolean; // the key's first run (the one the legend names)
+  replica: number; // whose engine
+  first: boolean; // the first run of this key and replica (the one the legend names)
   dataKey: string; // its column in the rows: "r0", "r1", ...
 }
 
@@ -69,15 +71,18 @@ const drafterOf = (p: Pick<LivePoint, "checkpoint_id" | "drafter">) => p.checkpo
 export function runsOf(points: LivePoint[]): { runs: Run[]; rows: Row[] } {
   const runs: Run[] = [];
   const rows: Row[] = [];
+  const current = new Map<number, Run>(); // each replica's latest run
   const seen = new Set<string>();
   for (const p of points) {
     if (p.acceptance_length == null) continue;
     const key = drafterOf(p);
-    let run = runs[runs.length - 1];
+    let run = current.get(p.replica);
     if (!run || run.key !== key) {
-      run = { key, first: !seen.has(key), dataKey: `r${runs.length}` };
-      seen.add(key);
+      const id = `${p.replica} ${key}`;
+      run = { key, replica: p.replica, first: !seen.has(id), dataKey: `r${runs.length}` };
+      seen.add(id);
       runs.push(run);
+      current.set(p.replica, run);
     }
     rows.push({ t: Date.parse(p.created_at), [run.dataKey]: p.acceptance_length } as Row);
   }

@@ -1,0 +1,187 @@
+"""Replicas on real engines (issue 22): two workers (distinct names, one machine) serve one
+deployment with ``replicas: 2``, each replica a vLLM engine (CPU wheel) on its own worker,
+behind a real `specdeck api` gateway and the real `openai` SDK (no retries). Both replicas take
+traffic; one replica's engine is SIGKILLed under load: no plain request fails (a request cut
+before its first byte is retried on the other replica, a refused one goes there at once), the
+stream on the killed engine ends with an OpenAI-shaped error event and the other stream ends
+normally; the replica restarts and takes traffic again; scaled back to one, its engine stops.
+The drafter is an untrained DFlash drafter (made in seconds): what is tested is the serving, not
+what the drafter accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Api, Stack
+from tests.e2e.conftest import job_processes
+from tests.e2e.test_live_acceptance import LIVE_ENV
+from tests.e2e.test_serving import PROMPTS, deploy, gateway, running  # noqa: F401
+from tests.support.drafters import write_untrained_drafter
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+NAME = "demo-replicas"
+CHAT_TOKENS = 16
+
+
+def replica_rows(deployment_id: str) -> dict[int, dict[str, Any]]:
+    """The deployment's rows that are not stopped, by replica index."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.db.models import Deployment
+
+    with session_scope() as session:
+        return {row.replica: {"id": row.id, "status": row.status, "url": row.upstream_url}
+                for row in session.scalars(select(Deployment).where(
+                    (Deployment.id == deployment_id) | (Deployment.replica_of == deployment_id),
+                    Deployment.status != "stopped"))}
+
+
+def requests_per_replica(api: Api, deployment_id: str, after: int = 0) -> dict[int, int]:
+    """The requests each replica's engine finished, from the live series (after point ``after``)."""
+    response = api.get(f"/api/deployments/{deployment_id}/metrics",
+                       params={"limit": 1000, "after": after})
+    assert response.status_code == 200, response.text
+    counts: dict[int, int] = {}
+    for point in response.json()["data"]:
+        counts[point["replica"]] = counts.get(point["replica"], 0) + point["requests"]
+    return counts
+
+
+def last_point(api: Api, deployment_id: str) -> int:
+    points = api.get(f"/api/deployments/{deployment_id}/metrics", params={"limit": 1000}).json()
+    return points["last_id"] or 0
+
+
+class Load:
+    """``count`` plain chat requests, two at a time, through the SDK with no retries; every
+    failure is kept."""
+
+    def __init__(self, client: openai.OpenAI, count: int) -> None:
+        self.client, self.count = client, count
+        self.done: list[str] = []
+        self.failures: list[str] = []
+        self.pool = ThreadPoolExecutor(2)
+        self.futures = [self.pool.submit(self.ask, i) for i in range(count)]
+
+    def ask(self, i: int) -> None:
+        try:
+            reply = self.client.chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                max_tokens=CHAT_TOKENS, temperature=0)
+            self.done.append(reply.choices[0].message.content or "")
+        except Exception as exc:  # noqa: BLE001 - any failure is what the test counts
+            self.failures.append(repr(exc))
+
+    def finish(self) -> None:
+        for future in self.futures:
+            future.result(timeout=300)
+        self.pool.shutdown()
+
+
+class LongStream(threading.Thread):
+    """A streamed request long enough to be running when an engine dies; keeps its events."""
+
+    def __init__(self, gateway_url: str, key: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key = gateway_url, key
+        self.events: list[str] = []
+
+    def run(self) -> None:
+        body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "max_tokens": 1500, "temperature": 0, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=body, timeout=300,
+                          headers={"Authorization": f"Bearer {self.key}"}) as response:
+            assert response.status_code == 200, response.read()
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(line.removeprefix("data: "))
+
+
+def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
+        pg_api: Api, pg_stack: Stack, gateway, demo_assets: tuple[Path, Path]) -> None:  # noqa: F811
+    shutil.copytree(demo_assets[0], pg_stack.models_root / "demo", dirs_exist_ok=True)
+    write_untrained_drafter(pg_stack.models_root / "demo", pg_stack.models_root / "untrained")
+    for name in ("replica-a", "replica-b"):
+        pg_stack.start_worker(name, **LIVE_ENV)
+    created = deploy(pg_api, {"name": NAME, "drafter": "untrained", "verifier": "demo",
+                              "runtime": "local", "replicas": 2})
+    assert created["status"] == "ready", created
+    dep_id, path = created["id"], f"/api/deployments/{created['id']}"
+    both = wait_for(lambda: (d := pg_api.get(path).json()) and all(
+        r["status"] == "ready" for r in d["replica_states"]) and d, 300, "both replicas ready")
+    assert [r["replica"] for r in both["replica_states"]] == [0, 1]
+    assert {r["worker"] for r in both["replica_states"]} == {"replica-a", "replica-b"}
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=pg_api.key, max_retries=0)
+
+    # 1. Both replicas serve: 40 requests, and each engine finished some of them.
+    load = Load(client, 40)
+    load.finish()
+    assert load.failures == [] and len(load.done) == 40 and all(load.done)
+    counts = wait_for(lambda: (c := requests_per_replica(pg_api, dep_id)) and sum(c.values()) >= 40
+                      and c, 60, "the live points of the 40 requests")
+    assert counts.get(0, 0) > 0 and counts.get(1, 0) > 0, counts
+
+    # 2. SIGKILL replica 1's engine with a stream on each engine and plain requests coming.
+    rows = replica_rows(dep_id)
+    victim, survivor = rows[1], rows[0]
+    streams = [LongStream(gateway, pg_api.key) for _ in range(2)]
+    for stream in streams:
+        stream.start()
+        wait_for(lambda: stream.events, 60, "the stream's first event")
+    wait_for(lambda: running(victim["url"]) >= 1 and running(survivor["url"]) >= 1, 60,
+             "a stream on each engine")
+    load = Load(client, 30)
+    wait_for(lambda: len(load.done) >= 4, 120, "the load to be under way")
+    killed = job_processes(victim["id"])
+    assert killed, "replica 1's engine processes"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    load.finish()
+    assert load.failures == [], load.failures
+    assert len(load.done) == 30
+    for stream in streams:
+        stream.join(timeout=300)
+        assert not stream.is_alive(), "a stream hung"
+    endings = sorted(stream.events[-1] for stream in streams)
+    assert endings[0] == "[DONE]", endings  # the survivor's stream
+    error = json.loads(endings[1])["error"]  # the victim's: an OpenAI-shaped error event
+    assert error["code"] == "upstream_error" and error["type"] == "server_error", error
+
+    # 3. The replica is restarted by its worker and takes traffic again.
+    before = last_point(pg_api, dep_id)
+    back = wait_for(lambda: (d := pg_api.get(path).json()) and d["replica_states"][1]["status"]
+                    == "ready" and d["replica_states"][1]["restarts"] == 1 and d, 300,
+                    "replica 1's restart")
+    assert back["status"] == "ready" and back["replica_states"][0]["restarts"] == 0
+    load = Load(client, 20)
+    load.finish()
+    assert load.failures == []
+    wait_for(lambda: requests_per_replica(pg_api, dep_id, before).get(1, 0) > 0, 60,
+             "requests served by the restarted replica")
+
+    # 4. Scaled back to one replica: its engine stops; the deployment serves on.
+    scaled = pg_api.patch(path, json={"replicas": 1})
+    assert scaled.status_code == 200, scaled.text
+    assert [(r["replica"], r["status"]) for r in scaled.json()["replica_states"]] == [
+        (0, "ready"), (1, "stopping")]
+    wait_for(lambda: job_processes(victim["id"]) == [], 60, "replica 1's engine to stop")
+    wait_for(lambda: len(pg_api.get(path).json()["replica_states"]) == 1, 60,
+             "replica 1 to be stopped")
+    load = Load(client, 6)
+    load.finish()
+    assert load.failures == []
+    pg_api.delete(path)
+    wait_for(lambda: job_processes(dep_id) == [], 60, "replica 0's engine to stop")
