@@ -92,12 +92,15 @@ class Load:
 
 
 class LongStream(threading.Thread):
-    """A streamed request long enough to be running when an engine dies; keeps its events."""
+    """A streamed request long enough to be running when an engine dies (it would run for
+    minutes); keeps its events, and hangs up once ``enough`` is set and ``more`` events came."""
 
     def __init__(self, gateway_url: str, key: str) -> None:
         super().__init__(daemon=True)
         self.url, self.key = gateway_url, key
         self.events: list[str] = []
+        self.enough = threading.Event()
+        self.more = 0
 
     def run(self) -> None:
         body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}],
@@ -108,6 +111,12 @@ class LongStream(threading.Thread):
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     self.events.append(line.removeprefix("data: "))
+                if self.enough.is_set() and len(self.events) >= self.more:
+                    return  # hanging up: the gateway aborts the engine's request
+
+    def hang_up_after(self, more: int) -> None:
+        self.more = len(self.events) + more
+        self.enough.set()
 
 
 def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
@@ -144,7 +153,7 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     wait_for(lambda: running(victim["url"]) >= 1 and running(survivor["url"]) >= 1, 60,
              "a stream on each engine")
     load = Load(client, 30)
-    wait_for(lambda: len(load.done) >= 4, 120, "the load to be under way")
+    wait_for(lambda: running(victim["url"]) >= 2, 120, "a plain request beside the stream")
     killed = job_processes(victim["id"])
     assert killed, "replica 1's engine processes"
     for pid in killed:
@@ -152,13 +161,16 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     load.finish()
     assert load.failures == [], load.failures
     assert len(load.done) == 30
-    for stream in streams:
-        stream.join(timeout=300)
-        assert not stream.is_alive(), "a stream hung"
-    endings = sorted(stream.events[-1] for stream in streams)
-    assert endings[0] == "[DONE]", endings  # the survivor's stream
-    error = json.loads(endings[1])["error"]  # the victim's: an OpenAI-shaped error event
+    # The victim's stream ends with an OpenAI-shaped error event; the survivor's goes on.
+    ended = wait_for(lambda: [s for s in streams if not s.is_alive()], 60, "the cut stream to end")
+    assert len(ended) == 1, [s.events[-3:] for s in streams]
+    error = json.loads(ended[0].events[-1])["error"]
     assert error["code"] == "upstream_error" and error["type"] == "server_error", error
+    [survivor_stream] = [s for s in streams if s is not ended[0]]
+    survivor_stream.hang_up_after(10)
+    survivor_stream.join(timeout=120)
+    assert not survivor_stream.is_alive(), "the other stream hung"
+    assert not any(e.startswith('{"error"') for e in survivor_stream.events)
 
     # 3. The replica is restarted by its worker and takes traffic again.
     before = last_point(pg_api, dep_id)
