@@ -9,6 +9,8 @@ proxies are what is measured):
   at the upstream, with its encrypted internal key): auth, rate limit, routing, usage recording;
 * specdeck-2p: the same with ``--workers 2``, two API processes behind one port (their CPU is the
   process tree's);
+* specdeck-2r: the first ``specdeck api``, to a deployment with two replicas, each a process of
+  the same upstream (the gateway balances over them; their CPU is counted together);
 * litellm: LiteLLM's proxy (``litellm --config``, a master key, the same upstream as an
   ``openai/`` model), if it is installed (see below); skipped with a message otherwise.
 
@@ -32,8 +34,8 @@ upstream) spent per request, read from /proc around each round. Two upstreams:
 
 Targets: added p50 <= 1 ms, >= 90 % of the direct throughput, below LiteLLM's added latency;
 issue 22's: added p50 <= 0.25 ms, proxy CPU per request <= 2x the upstream's, unpaced >= 50 % of
-direct. ``--json`` prints one JSON object as the last line (the single-process figures, and the
-same under "two_api_processes").
+direct. ``--json`` prints one JSON object as the last line (the single-process, single-replica
+figures, and the same under "two_api_processes" and "two_replicas").
 
 LiteLLM is not a SpecDeck dependency (``litellm[proxy]`` pins versions of openai, fastapi and
 huggingface_hub that the project does not use): install it in a venv of its own,
@@ -93,6 +95,7 @@ UPSTREAM_KEY = "bench-upstream-key"
 REDIS_URL = os.environ.get("SPECDECK_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 LITELLM_KEY = "sk-bench-litellm-master"
 MODEL, PACED = "bench", "bench-paced"
+REPLICATED, PACED_REPLICATED = "bench-2r", "bench-paced-2r"  # the same, two replicas
 CAPTURED, PACED_CAPTURED = "bench-captured", "bench-paced-captured"  # the same, capturing
 TOKENS, PACED_TOKENS, PACE = 8, 16, 0.005
 PROMPT = [{"role": "user", "content": "Measure the gateway, not the model."}]
@@ -248,9 +251,10 @@ class Throughput:
 
 
 async def measure_throughput(target: Target, model: str, concurrency: int, seconds: float,
-                             max_requests: int, upstream_pid: int) -> Throughput:
+                             max_requests: int, upstream_pids: list[int]) -> Throughput:
     """Completed streaming requests per second with ``concurrency`` connections, and what each
-    request cost each process in CPU time (the client is this process)."""
+    request cost each process in CPU time (the client is this process; the upstreams' CPU is
+    their sum: only a replicated deployment keeps the second one busy)."""
     raw = target.raw(model, True)
     done = 0
     stop_at = time.perf_counter() + seconds
@@ -268,16 +272,16 @@ async def measure_throughput(target: Target, model: str, concurrency: int, secon
 
     # Warm every connection first, then count.
     await asyncio.gather(*(Connection(target.port).request(raw) for _ in range(2)))
-    pids = {"upstream": upstream_pid}
-    if target.pid and target.pid != upstream_pid:
-        pids["proxy"] = target.pid
-    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    pids = {"upstream": upstream_pids}
+    if target.pid and target.pid not in upstream_pids:
+        pids["proxy"] = [target.pid]
+    cpu_before = {name: sum(map(cpu_seconds, group)) for name, group in pids.items()}
     client_before = time.process_time()
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / max(done, 1)
-           for name, pid in pids.items()}
+    cpu = {name: (sum(map(cpu_seconds, group)) - cpu_before[name]) / max(done, 1)
+           for name, group in pids.items()}
     cpu["client"] = (time.process_time() - client_before) / max(done, 1)
     return Throughput(done / elapsed, cpu)
 
@@ -310,9 +314,10 @@ def start_upstream(procs: Processes, name: str, *extra: str) -> int:
 
 
 def add_deployment(database_url: str, key_project: str, name: str, upstream_port: int,
-                   capture: bool = False) -> None:
+                   capture: bool = False, replica_ports: Sequence[int] = ()) -> None:
     """A ready deployment row, moved there through the state machine as a worker would; with
-    ``capture``, capturing every request (sample rate 1.0) into a dataset with room for all."""
+    ``capture``, capturing every request (sample rate 1.0) into a dataset with room for all;
+    with ``replica_ports``, a ready replica row for each (replicas 1, 2, ...)."""
     os.environ["SPECDECK_DATABASE_URL"] = database_url
     from app.db import get_engine, get_sessionmaker, session_scope
     from app.db.models import Deployment, Project
@@ -335,10 +340,17 @@ def add_deployment(database_url: str, key_project: str, name: str, upstream_port
                 session, project.id, name, CaptureOptions(sample_rate=1.0, max_rows=10_000_000,
                                                           max_bytes=64 * 1024**3)).id
         initialize(session, deployment)
-        transition(session, deployment, DeploymentStatus.STARTING, columns={
-            "upstream_url": f"http://{HOST}:{upstream_port}",
-            "api_key_ciphertext": cipher(get_settings()).encrypt(UPSTREAM_KEY.encode()).decode()})
-        transition(session, deployment, DeploymentStatus.READY)
+        rows = [(deployment, upstream_port)]
+        for index, port in enumerate(replica_ports, start=1):
+            replica = Deployment(project_id=project.id, name=name, spec={},
+                                 replica_of=deployment.id, replica=index)
+            initialize(session, replica)
+            rows.append((replica, port))
+        for row, port in rows:
+            transition(session, row, DeploymentStatus.STARTING, columns={
+                "upstream_url": f"http://{HOST}:{port}",
+                "api_key_ciphertext": cipher(get_settings()).encrypt(UPSTREAM_KEY.encode()).decode()})
+            transition(session, row, DeploymentStatus.READY)
     get_engine().dispose()
 
 
@@ -514,7 +526,7 @@ def summary(latency: dict[str, Latencies], throughput: dict[str, dict[str, list[
 
 
 def targets_now(figures: dict[str, dict[str, float]]) -> None:
-    """Issue 22's targets, for one API process and for two."""
+    """Issue 22's targets, for one API process, for two, and for two replicas."""
     print("\nIssue 22's targets (non-streaming latency in a row; unpaced throughput):")
     for name, f in figures.items():
         checks = [(f"added p50 <= {TARGET_ADDED_P50_NOW * 1000:.2f} ms",
@@ -577,6 +589,9 @@ def main(argv: list[str] | None = None) -> None:
         upstream = start_upstream(procs, "upstream", "--tokens", str(TOKENS))
         paced = start_upstream(procs, "upstream-paced", "--tokens", str(PACED_TOKENS),
                                "--delay", str(PACE))
+        upstream_b = start_upstream(procs, "upstream-b", "--tokens", str(TOKENS))
+        paced_b = start_upstream(procs, "upstream-paced-b", "--tokens", str(PACED_TOKENS),
+                                 "--delay", str(PACE))
         # Redis as the broker, as in production (docker-compose.yml): the rate limit is the one
         # bucket per key in Redis that every API process shares (app/services/limits.py).
         env = base_env(SPECDECK_DATABASE_URL=database_url, **roots(tmp / "specdeck"),
@@ -587,6 +602,8 @@ def main(argv: list[str] | None = None) -> None:
         key = create_key(env, "bench")
         add_deployment(database_url, "bench", MODEL, upstream)
         add_deployment(database_url, "bench", PACED, paced)
+        add_deployment(database_url, "bench", REPLICATED, upstream, replica_ports=[upstream_b])
+        add_deployment(database_url, "bench", PACED_REPLICATED, paced, replica_ports=[paced_b])
         if args.capture:
             add_deployment(database_url, "bench", CAPTURED, upstream, capture=True)
             add_deployment(database_url, "bench", PACED_CAPTURED, paced, capture=True)
@@ -603,7 +620,8 @@ def main(argv: list[str] | None = None) -> None:
         targets = [Target("direct", upstream, UPSTREAM_KEY, pids["upstream"]),
                    Target("specdeck", api_port, key, pids["specdeck-api"]),
                    Target("specdeck-2p", api_ports["specdeck-api-2p"], key,
-                          pids["specdeck-api-2p"])]
+                          pids["specdeck-api-2p"]),
+                   Target("specdeck-2r", api_port, key, pids["specdeck-api"], REPLICATED)]
         if args.capture:
             targets.append(Target("capture", api_port, key, pids["specdeck-api"], CAPTURED))
         if litellm is not None:
@@ -613,12 +631,14 @@ def main(argv: list[str] | None = None) -> None:
             targets.append(Target("litellm", litellm_port, LITELLM_KEY, litellm_pid))
         print(f"[{time.monotonic() - started:5.1f} s] processes ready", flush=True)
         # The paced upstream serves PACED; the direct target reaches it on its own port.
+        paced_models = {"capture": PACED_CAPTURED, "specdeck-2r": PACED_REPLICATED}
         paced_targets = [Target(t.name, paced, t.key, pids["upstream-paced"]) if t.name == "direct"
-                         else Target(t.name, t.port, t.key, t.pid, PACED_CAPTURED)
-                         if t.name == "capture" else t for t in targets]
+                         else Target(t.name, t.port, t.key, t.pid, paced_models[t.name])
+                         if t.name in paced_models else t for t in targets]
         latency, cold, throughput = asyncio.run(measure_all(
             targets, paced_targets, requests, min(50, requests), args.block, args.concurrency,
-            seconds, rounds, {"paced": pids["upstream-paced"], "unpaced": pids["upstream"]}))
+            seconds, rounds, {"paced": [pids["upstream-paced"], pids["upstream-paced-b"]],
+                              "unpaced": [pids["upstream"], pids["upstream-b"]]}))
         for proc in procs.children:
             proc.check_alive()
         captured = captured_rows(database_url) if args.capture else None
@@ -627,17 +647,20 @@ def main(argv: list[str] | None = None) -> None:
            skipped)
     if captured is not None:
         capture_report(latency, cold, throughput, captured)
-    figures = {name: summary(latency, throughput, name) for name in ("specdeck", "specdeck-2p")}
+    figures = {name: summary(latency, throughput, name)
+               for name in ("specdeck", "specdeck-2p", "specdeck-2r")}
     targets_now(figures)
     print(f"\n(total {time.monotonic() - started:.0f} s)")
     if args.json:
         print(json.dumps({**figures["specdeck"], "two_api_processes": figures["specdeck-2p"],
+                          "two_replicas": figures["specdeck-2r"],
                           "machine": machine(), "command": command}))
 
 
 async def measure_all(
         targets: list[Target], paced_targets: list[Target], requests: int, warmup: int,
-        block: int, concurrency: int, seconds: float, rounds: int, upstream_pids: dict[str, int],
+        block: int, concurrency: int, seconds: float, rounds: int,
+        upstream_pids: dict[str, list[int]],
 ) -> tuple[dict[str, Latencies], dict[str, Latencies], dict[str, dict[str, list[Throughput]]]]:
     print(f"latency: {warmup} warm-up + {requests} requests per kind and target, {block} in a "
           "row", flush=True)

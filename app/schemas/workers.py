@@ -14,8 +14,10 @@ class RunningOut(BaseModel):
     id: str | None = Field(description="Null for another project's work")
     name: str | None = Field(description="A deployment's served name; null for a job and for "
                              "another project's work")
-    status: str = Field(description="The job's or deployment's status; \"busy\" for another "
-                        "project's work")
+    replica: int | None = Field(None, description="Which of the deployment's replicas (0: its "
+                                "own row); null for a job and for another project's work")
+    status: str = Field(description="The job's or deployment's status (a replica's own); "
+                        "\"busy\" for another project's work")
     gpus: list[int] = Field(description="The GPU indices it holds (vllm runtime)")
     slots: list[int] = Field(description="The training slot (a job) or serving slot (a "
                              "deployment) it holds (local runtime)")

@@ -180,6 +180,8 @@ def _spread(session: Session, deployment: Deployment, fits: list[tuple[Worker, l
 def _name(owner: Job | Deployment, viewer: Job | Deployment) -> str:
     """An owner as ``viewer`` may see it: by id in its own project, only its kind in another."""
     if owner.project_id == viewer.project_id:
+        if isinstance(owner, Deployment) and owner.replica_of is not None:
+            return f"{owner.replica_of} (replica {owner.replica})"
         return owner.id
     return f"another project's {'job' if isinstance(owner, Job) else 'deployment'}"
 

@@ -61,9 +61,11 @@ def _running(session: Session, worker_ids: list[str], project_id: str) -> dict[s
         slots = allocation.get("slot", []) + allocation.get("serving", [])
         kind = "job" if isinstance(row, Job) else "deployment"
         if row.project_id == project_id:
-            name = row.name if isinstance(row, Deployment) else None
-            item = RunningOut(kind=kind, id=row.id, name=name, status=row.status, gpus=gpus,
-                              slots=slots)
+            deployment = isinstance(row, Deployment)
+            item = RunningOut(kind=kind, id=(row.replica_of or row.id) if deployment else row.id,
+                              name=row.name if deployment else None,
+                              replica=row.replica if deployment else None, status=row.status,
+                              gpus=gpus, slots=slots)
         else:
             item = RunningOut(kind=kind, id=None, name=None, status="busy", gpus=gpus, slots=slots)
         running[row.worker_id].append(item)  # type: ignore[index]

@@ -59,6 +59,10 @@ def test_replicas_are_created_with_the_deployment_and_placed_apart(api: Api, sta
     [replica_id] = [stack.scalar("SELECT id FROM deployments WHERE replica_of = :id",
                                  id=deployment["id"])]
     assert_error(api.get(f"/api/deployments/{replica_id}"), 404, "not_found")
+    # The workers' page names the deployment and the replica, never the replica's own row.
+    running = {w["id"]: w["running"] for w in api.get("/api/workers").json()["data"]}
+    assert sorted((r["id"], r["replica"]) for w in ("w-a", "w-b") for r in running[w]) == [
+        (deployment["id"], 0), (deployment["id"], 1)]
     # Its events are the deployment's, marked with the replica.
     events = api.get(f"/api/deployments/{deployment['id']}/events").json()["data"]
     assert {e["replica"] for e in events} == {0, 1}
@@ -80,6 +84,18 @@ def test_a_single_host_takes_replicas_on_slots_of_their_own(api: Api, stack: Sta
             select(Deployment).where((Deployment.id == deployment["id"])
                                      | (Deployment.replica_of == deployment["id"]))))
     assert slots == [0, 1, 2]
+
+
+def test_a_replica_that_finds_no_slot_says_what_holds_it(api: Api, stack: Stack) -> None:
+    add_worker("laptop", "host-a", serving_slots=1)
+    deployment = api.post("/api/deployments",
+                          json={**local_deployment(stack), "replicas": 3}).json()
+    first, second, third = deployment["replica_states"]
+    assert (first["status"], first["worker"]) == ("pending", "laptop")
+    assert second["worker"] is None and second["status_reason"] == (
+        f"waiting for a free serving slot: laptop has 0 of 1 free (used by {deployment['id']})")
+    assert third["status_reason"] == (f"waiting for a free serving slot; {deployment['id']} "
+                                      "(replica 1) is older and first in line")
 
 
 def test_scaling_up_and_down(api: Api, stack: Stack) -> None:

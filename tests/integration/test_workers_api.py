@@ -56,13 +56,13 @@ def test_workers_list_what_runs_on_each_gpu(api: Api, make_api, stack: Stack) ->
     workers = {w["id"]: w for w in response.json()["data"]}
     assert [g["index"] for g in workers["gpu-box"]["gpus"]] == [0, 1, 2, 3]
     assert workers["gpu-box"]["running"] == [
-        {"kind": "job", "id": job, "name": None, "status": "running", "gpus": [0, 1], "slots": []},
-        {"kind": "deployment", "id": deployment, "name": "fast", "status": "ready", "gpus": [2],
+        {"kind": "job", "id": job, "name": None, "replica": None, "status": "running", "gpus": [0, 1], "slots": []},
+        {"kind": "deployment", "id": deployment, "name": "fast", "replica": 0, "status": "ready", "gpus": [2],
          "slots": []},
-        {"kind": "job", "id": None, "name": None, "status": "busy", "gpus": [3], "slots": []},
+        {"kind": "job", "id": None, "name": None, "replica": None, "status": "busy", "gpus": [3], "slots": []},
     ]
     assert workers["laptop"]["running"] == [
-        {"kind": "job", "id": queued, "name": None, "status": "queued", "gpus": [], "slots": [0]}]
+        {"kind": "job", "id": queued, "name": None, "replica": None, "status": "queued", "gpus": [], "slots": [0]}]
 
     # The other project sees the same workers, with only its own work named.
     theirs_view = {w["id"]: w for w in other.get("/api/workers").json()["data"]}

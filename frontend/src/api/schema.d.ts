@@ -2179,8 +2179,13 @@ export interface components {
              */
             name: string | null;
             /**
+             * Replica
+             * @description Which of the deployment's replicas (0: its own row); null for a job and for another project's work
+             */
+            replica?: number | null;
+            /**
              * Status
-             * @description The job's or deployment's status; "busy" for another project's work
+             * @description The job's or deployment's status (a replica's own); "busy" for another project's work
              */
             status: string;
             /**

@@ -36,6 +36,7 @@ function Holder({ item }: { item: Running }) {
       <Link to={to} className="mono">
         {item.name ?? item.id}
       </Link>
+      {item.replica ? <span className="dim">replica {item.replica}</span> : null}
       <StatusBadge status={item.status} />
     </span>
   );
