@@ -157,6 +157,14 @@ def test_ci_doc_pipeline_trains_reports_and_replays(server: SpecdeckRun, workdir
                       checkpoint_id, "--wait", "--timeout", "300", env=env, cwd=workdir)
     assert served.returncode == 0, served.stderr
     deployment_id = re.match(r"(dep_\w+) ready", served.stdout).group(1)
+    # Scaled: the worker's one serving slot is replica 0's, so replica 1 waits; then back to one.
+    scaled = specdeck("deployments", "scale", deployment_id, "2", env=env, cwd=workdir)
+    assert scaled.returncode == 0, scaled.stderr
+    assert scaled.stdout.strip() == f"{deployment_id} 2 replicas (0 ready, 1 pending)"
+    refused = specdeck("deployments", "scale", deployment_id, "0", env=env, cwd=workdir)
+    assert refused.returncode == 2 and "replicas" in refused.stderr, refused
+    scaled = specdeck("deployments", "scale", deployment_id, "1", env=env, cwd=workdir)
+    assert scaled.stdout.strip() == f"{deployment_id} 1 replica (0 ready)", scaled
     assert deployment_id in specdeck("deployments", "list", env=env, cwd=workdir).stdout
     stopped = specdeck("deployments", "delete", deployment_id, env=env, cwd=workdir)
     assert stopped.returncode == 0 and stopped.stdout.startswith(f"{deployment_id} stop")

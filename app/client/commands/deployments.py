@@ -27,8 +27,10 @@ def create(args: argparse.Namespace, api: Api) -> int:
 def scale(args: argparse.Namespace, api: Api) -> int:
     deployment = api.json("PATCH", f"/api/deployments/{args.deployment_id}",
                           json={"replicas": args.replicas})
+    count = deployment["replicas"]
     states = ", ".join(f"{r['replica']} {r['status']}" for r in deployment["replica_states"])
-    show(deployment, args.json, f"{deployment['id']} {deployment['replicas']} replicas ({states})")
+    show(deployment, args.json,
+         f"{deployment['id']} {count} replica{'' if count == 1 else 's'} ({states})")
     return exits.SUCCEEDED
 
 
