@@ -3,10 +3,11 @@ deployment with ``replicas: 2``, each replica a vLLM engine (CPU wheel) on its o
 behind a real `specdeck api` gateway and the real `openai` SDK (no retries). Both replicas take
 traffic; one replica's engine is SIGKILLed under load: no plain request fails (a request cut
 before its first byte is retried on the other replica, a refused one goes there at once), the
-stream on the killed engine ends with an OpenAI-shaped error event and the other stream ends
-normally; the replica restarts and takes traffic again; scaled back to one, its engine stops.
-The drafter is an untrained DFlash drafter (made in seconds): what is tested is the serving, not
-what the drafter accepts."""
+stream on the killed engine ends with an OpenAI-shaped error event and the other stream goes
+on; the replica restarts and takes traffic again; a promotion under load switches both
+replicas' engines with no request failing; scaled back to one, its engine stops. The drafters
+are untrained DFlash drafters (made in seconds): what is tested is the serving, not what the
+drafters accept."""
 
 from __future__ import annotations
 
@@ -33,6 +34,39 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 NAME = "demo-replicas"
 CHAT_TOKENS = 16
+
+
+def checkpoints_of(api: Api, verifier: str, drafters: list[Path]) -> list[str]:
+    """Checkpoint rows for drafters on disk, as if a job of this project had trained them for
+    ``verifier`` (promotions switch between checkpoints). The job row is written as ended, so
+    that no worker ever runs it."""
+    from app.db import session_scope
+    from app.db.models import Checkpoint, Job
+
+    project_id = api.get("/api/me").json()["project"]["id"]
+    with session_scope() as session:
+        job = Job(project_id=project_id, status="succeeded", name="untrained drafters",
+                  spec={"verifier_info": {"reference": verifier}})
+        session.add(job)
+        session.flush()
+        rows = [Checkpoint(job_id=job.id, epoch=i, path=str(path))
+                for i, path in enumerate(drafters)]
+        session.add_all(rows)
+        session.flush()
+        return [row.id for row in rows]
+
+
+def engine_drafters(row_id: str) -> list[str]:
+    """The drafter of each live engine of one replica's row (from its command line)."""
+    drafters = []
+    for pid in job_processes(row_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except FileNotFoundError:
+            continue
+        if "workers.runtimes.local.serve" in argv and "--speculative-config" in argv:
+            drafters.append(json.loads(argv[argv.index("--speculative-config") + 1])["model"])
+    return drafters
 
 
 def replica_rows(deployment_id: str) -> dict[int, dict[str, Any]]:
@@ -90,6 +124,10 @@ class Load:
             future.result(timeout=300)
         self.pool.shutdown()
 
+    def stop(self) -> None:
+        """Send no more; wait for those sent."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
 
 class LongStream(threading.Thread):
     """A streamed request long enough to be running when an engine dies (it would run for
@@ -121,12 +159,17 @@ class LongStream(threading.Thread):
 
 def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
         pg_api: Api, pg_stack: Stack, gateway, demo_assets: tuple[Path, Path]) -> None:  # noqa: F811
-    shutil.copytree(demo_assets[0], pg_stack.models_root / "demo", dirs_exist_ok=True)
-    write_untrained_drafter(pg_stack.models_root / "demo", pg_stack.models_root / "untrained")
+    verifier = pg_stack.models_root / "demo"
+    shutil.copytree(demo_assets[0], verifier, dirs_exist_ok=True)
+    drafters = [write_untrained_drafter(verifier, pg_stack.models_root / f"untrained-{seed}",
+                                        seed=seed) for seed in (0, 1)]
+    a, b = checkpoints_of(pg_api, str(verifier.resolve()), drafters)
     for name in ("replica-a", "replica-b"):
-        pg_stack.start_worker(name, **LIVE_ENV)
-    created = deploy(pg_api, {"name": NAME, "drafter": "untrained", "verifier": "demo",
-                              "runtime": "local", "replicas": 2})
+        # The drain grace covers a request routed to an old engine just before the route
+        # cache saw the switch: generous on a busy machine.
+        pg_stack.start_worker(name, **LIVE_ENV, SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
+    created = deploy(pg_api, {"name": NAME, "checkpoint_id": a, "runtime": "local",
+                              "replicas": 2})
     assert created["status"] == "ready", created
     dep_id, path = created["id"], f"/api/deployments/{created['id']}"
     both = wait_for(lambda: (d := pg_api.get(path).json()) and all(
@@ -184,7 +227,25 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     wait_for(lambda: requests_per_replica(pg_api, dep_id, before).get(1, 0) > 0, 60,
              "requests served by the restarted replica")
 
-    # 4. Scaled back to one replica: its engine stops; the deployment serves on.
+    # 4. A promotion under load switches both replicas' engines; no request fails.
+    load = Load(client, 5000)  # stopped once the switch is seen
+    wait_for(lambda: len(load.done) >= 2, 120, "the load to be under way")
+    promoted = pg_api.post(f"{path}/promote", json={"checkpoint_id": b})
+    assert promoted.status_code == 202, promoted.text
+    for index, row in replica_rows(dep_id).items():
+        wait_for(lambda row=row: engine_drafters(row["id"]) == [str(drafters[1])], 300,
+                 f"replica {index} to serve the new drafter alone")
+    done = len(load.done)
+    wait_for(lambda: len(load.done) >= done + 4, 120, "requests after the switch")
+    load.stop()
+    assert load.failures == [], load.failures
+    switched = pg_api.get(path).json()
+    assert [r["drafter"] for r in switched["replica_states"]] == [str(drafters[1])] * 2, switched
+    promotion = wait_for(lambda: (p := pg_api.get(f"{path}/promotions").json()["data"][0])
+                         ["status"] in ("succeeded", "failed") and p, 60, "the promotion's end")
+    assert promotion["id"] == promoted.json()["id"] and promotion["status"] == "succeeded"
+
+    # 5. Scaled back to one replica: its engine stops; the deployment serves on.
     scaled = pg_api.patch(path, json={"replicas": 1})
     assert scaled.status_code == 200, scaled.text
     assert [(r["replica"], r["status"]) for r in scaled.json()["replica_states"]] == [
