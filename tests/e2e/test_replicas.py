@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
 from tests.e2e.test_live_acceptance import LIVE_ENV
+from tests.e2e.test_promotion import engine_drafters
 from tests.e2e.test_serving import PROMPTS, deploy, gateway, running  # noqa: F401
 from tests.support.drafters import write_untrained_drafter
 from tests.support.waiting import wait_for
@@ -54,19 +55,6 @@ def checkpoints_of(api: Api, verifier: str, drafters: list[Path]) -> list[str]:
         session.add_all(rows)
         session.flush()
         return [row.id for row in rows]
-
-
-def engine_drafters(row_id: str) -> list[str]:
-    """The drafter of each live engine of one replica's row (from its command line)."""
-    drafters = []
-    for pid in job_processes(row_id):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        except FileNotFoundError:
-            continue
-        if "workers.runtimes.local.serve" in argv and "--speculative-config" in argv:
-            drafters.append(json.loads(argv[argv.index("--speculative-config") + 1])["model"])
-    return drafters
 
 
 def replica_rows(deployment_id: str) -> dict[int, dict[str, Any]]:
