@@ -18,7 +18,7 @@ LONG = "x" * 300  # one path component over the OS's 255 bytes
     ("OPTIONS", "/api/jobs", "GET, POST"),
     ("PUT", "/api/jobs/job_0", "GET"),
     ("PATCH", "/api/secrets/HF_TOKEN", "DELETE, PUT"),
-    ("OPTIONS", "/api/deployments/dep_0", "DELETE, GET"),
+    ("OPTIONS", "/api/deployments/dep_0", "DELETE, GET, PATCH"),
     ("OPTIONS", "/api/keys", "GET, POST"),
     ("GET", "/api/keys/key_0", "DELETE"),
     ("GET", "/api/verifiers/inspect", "POST"),
