@@ -17,10 +17,9 @@ class DeploymentResources(Strict):
 
 
 MAX_REPLICAS = 16
-REPLICAS = Field(1, ge=1, le=MAX_REPLICAS, description=(
-    "Engines serving the deployment, each on a worker slot of its own (on distinct hosts when "
-    "there are several); the gateway sends each request to the ready replica with the fewest "
-    "requests in flight"))
+REPLICAS_DOC = ("Engines serving the deployment, each on a worker slot of its own (on distinct "
+                "hosts when there are several); the gateway sends each request to the ready "
+                "replica with the fewest requests in flight")
 
 
 # The one-source rule of DeploymentCreate._one_source, for the OpenAPI document: a field left
@@ -47,7 +46,7 @@ class DeploymentCreate(Strict):
     verifier: str | None = Field(None, min_length=1, max_length=512)
     num_speculative_tokens: int | None = Field(None, ge=1, le=64)
     resources: DeploymentResources = Field(default_factory=DeploymentResources)
-    replicas: int = REPLICAS
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description=REPLICAS_DOC)
     runtime: Literal["vllm", "local"] | None = None
     capture: CaptureOptions | None = Field(None, description="Opt-in traffic capture into a "
                                            "project dataset (see CaptureOptions)")
@@ -64,9 +63,10 @@ class DeploymentCreate(Strict):
 
 
 class DeploymentUpdate(Strict):
-    """What changes on a running deployment."""
+    """What changes on a running deployment (the count is required: an empty body is no
+    request to scale to one)."""
 
-    replicas: int = REPLICAS
+    replicas: int = Field(ge=1, le=MAX_REPLICAS, description=REPLICAS_DOC)
 
 
 class ReplicaOut(BaseModel):

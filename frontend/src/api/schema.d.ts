@@ -1174,13 +1174,13 @@ export interface components {
         };
         /**
          * DeploymentUpdate
-         * @description What changes on a running deployment.
+         * @description What changes on a running deployment (the count is required: an empty body is no
+         *     request to scale to one).
          */
         DeploymentUpdate: {
             /**
              * Replicas
              * @description Engines serving the deployment, each on a worker slot of its own (on distinct hosts when there are several); the gateway sends each request to the ready replica with the fewest requests in flight
-             * @default 1
              */
             replicas: number;
         };
