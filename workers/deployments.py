@@ -14,6 +14,7 @@ import httpx
 
 from app.db import session_scope
 from app.runtimes.local import vllm_missing
+from app.services import replicas
 from app.services.promotions import end_unfinished
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus, StaleJob, transition
@@ -154,5 +155,7 @@ def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings,
                                                         "columns": {"upstream_url": None}}
             end_unfinished(session, row, f"the deployment is {to.value}")
             transition(session, row, to, token=lease.token, **kwargs)
+            if to == DeploymentStatus.FAILED:
+                replicas.failed(session, row)
         with session_scope() as session:
             schedule(session, settings)

@@ -45,6 +45,16 @@ def stop(session: Session, row: Deployment, reason: str) -> None:
         state.transition(session, row, DeploymentStatus.STOPPING, reason=reason)
 
 
+def failed(session: Session, row: Deployment) -> None:
+    """A row that failed for good. The deployment's own row (replica 0) carries its identity and
+    cannot be replaced, so the deployment has failed: its other replicas stop too, rather than
+    serve on behind a deployment that reads ``failed`` and can no longer be scaled. A replica
+    past 0 that fails is replaced by the next scaling."""
+    if row.replica_of is None:
+        for replica in replica_rows(row):
+            stop(session, replica, f"deployment {row.id} failed: {row.status_reason}")
+
+
 def scale(session: Session, deployment: Deployment, replicas: int) -> None:
     """Make ``replicas`` the deployment's count: new rows for the missing indices (placed by the
     caller's ``schedule``), the ones past the count stopped. The caller holds the project's

@@ -180,3 +180,36 @@ def test_a_promotion_is_asked_of_every_serving_replica(api: Api, stack: Stack, j
     # The deployment's history shows its own promotion, once.
     assert [p["id"] for p in api.get(f"/api/deployments/{deployment['id']}/promotions")
             .json()["data"]] == [promoted.json()["id"]]
+
+
+def test_a_deployment_whose_own_row_fails_stops_its_other_replicas(api: Api, stack: Stack) -> None:
+    """Replica 0 gave up (the worker's ending, replicas.failed): the deployment reads failed and
+    can't be scaled, so the replicas serving beside it stop rather than serve on unmanaged. A
+    replica past 0 that fails stops nothing."""
+    from sqlalchemy import select, update
+
+    from app.db import session_scope
+    from app.db.models import Deployment
+    from app.services import replicas
+    from app.services.state import DeploymentStatus, transition
+
+    deployment = api.post("/api/deployments", json={**local_deployment(stack), "replicas": 3}).json()
+    with session_scope() as session:
+        session.execute(update(Deployment).where(Deployment.replica_of == deployment["id"])
+                        .values(status="ready"))
+    with session_scope() as session:  # replica 1 fails for good: nothing else moves
+        one = session.scalars(select(Deployment).where(Deployment.replica_of == deployment["id"],
+                                                       Deployment.replica == 1)).one()
+        transition(session, one, DeploymentStatus.FAILED, reason="engine crashed 5 times")
+        replicas.failed(session, one)
+    assert rows(stack, deployment["id"]) == [(0, "pending"), (1, "failed"), (2, "ready")]
+    with session_scope() as session:  # the deployment's own row fails for good
+        own = session.get(Deployment, deployment["id"])
+        transition(session, own, DeploymentStatus.FAILED, reason="gave up after 5 restarts")
+        replicas.failed(session, own)
+    assert rows(stack, deployment["id"]) == [(0, "failed"), (1, "failed"), (2, "stopping")]
+    shown = api.get(f"/api/deployments/{deployment['id']}").json()
+    assert shown["status"] == "failed"
+    events = api.get(f"/api/deployments/{deployment['id']}/events").json()["data"]
+    assert any(e["replica"] == 2 and e["status"] == "stopping" and e["message"] == (
+        f"deployment {deployment['id']} failed: gave up after 5 restarts") for e in events), events
