@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -38,20 +39,34 @@ VARIANTS = {"worker's command (engine core forked)": (CPU_SERVER_MODULE, {}),
             "vLLM's module, default executor": (VLLM_MODULE, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})}
 
 
-def start_once(model: Path, layers: int, module: str, extra_env: dict[str, str],
-               work: Path) -> tuple[float, float]:
-    """Seconds to /health 200, and to the first hidden-states file after that."""
-    port = free_port()
+def server_argv(model: Path, layers: int, work: Path, port: int) -> list[str]:
+    """The worker's command for a hidden-states server of ``model`` on ``port``."""
     paths = JobPaths.for_job(Settings(work_root=work, logs_root=work), f"bench-{port}")
     spec = {"verifier_info": {"reference": str(model), "num_hidden_layers": layers},
             "speculator": {"target_layer_ids": [2, layers // 2, layers - 3]},
             "resources": {"verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1}}}
-    argv = verifier_server_argv(spec, paths, port, cpu=True)
+    return verifier_server_argv(spec, paths, port, cpu=True)
+
+
+def start_once(model: Path, layers: int, module: str, extra_env: dict[str, str],
+               work: Path) -> tuple[float, float]:
+    """Seconds to /health 200, and to the first hidden-states file after that."""
+    port = free_port()
+    argv = server_argv(model, layers, work, port)
     argv[argv.index(CPU_SERVER_MODULE)] = module
+    return time_server(argv, {**os.environ, **CPU_ENV, **extra_env}, model, work, port)
+
+
+def time_server(argv: list[str], env: dict[str, str], model: Path, work: Path, port: int,
+                keep: Callable[[subprocess.Popen[bytes]], None] | None = None
+                ) -> tuple[float, float]:
+    """Start ``argv`` (a hidden-states server on ``port``) in a session of its own: seconds to
+    /health 200, and to the first hidden-states file after that. Then ``keep(proc)`` if given,
+    and SIGTERM to its group."""
     log = (work / f"server-{port}.log").open("w")
     began = time.perf_counter()
-    proc = subprocess.Popen(argv, env={**os.environ, **CPU_ENV, **extra_env}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -70,10 +85,14 @@ def start_once(model: Path, layers: int, module: str, extra_env: dict[str, str],
         written = Path(response.json()["kv_transfer_params"]["hidden_states_path"])
         while not written.exists():
             time.sleep(0.01)
-        return healthy, time.perf_counter() - began - healthy
+        timings = healthy, time.perf_counter() - began - healthy
+        if keep is not None:
+            keep(proc)
+        return timings
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
         log.close()
 
 
