@@ -61,6 +61,19 @@ def test_both_backends_are_switched_by_environment() -> None:
         assert env["SPECDECK_ENV"] == "production"
 
 
+def test_caches_live_on_the_named_volume() -> None:
+    """The Hub's downloads and vLLM's caches outlive a recreated container: they are on the
+    named volume every SpecDeck service mounts, not in the container's own layer."""
+    assert "specdeck" in COMPOSE["volumes"]
+    for name in SPECDECK_SERVICES:
+        service = COMPOSE["services"][name]
+        mounts = [v.split(":") for v in service["volumes"]]
+        on_volume = [target for source, target, *_ in mounts if source == "specdeck"]
+        for variable in ("HF_HOME", "VLLM_CACHE_ROOT"):
+            path = service["environment"][variable]
+            assert any(path.startswith(target + "/") for target in on_volume), (name, variable)
+
+
 def test_api_migrates_before_it_starts() -> None:
     api = commands("api")
     assert api[0] == MIGRATE_COMMAND
