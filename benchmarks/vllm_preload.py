@@ -47,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.runtimes.vllm import CPU_ENV, CPU_SERVER_MODULE  # noqa: E402
+from app.supervise import live_processes  # noqa: E402
 from benchmarks._stack import free_port, load, machine, ratio, table  # noqa: E402
 from benchmarks.vllm_start import demo_model, server_argv, time_server  # noqa: E402
 
@@ -147,23 +148,11 @@ def launch(path: str, argv: list[str]) -> None:
 # --- the benchmark ------------------------------------------------------------------------------
 
 def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
+    return [child for child, (parent, _) in live_processes().items() if parent == pid]
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return pid in live_processes()
 
 
 def wait_gone(pids: list[int], seconds: float) -> bool:
