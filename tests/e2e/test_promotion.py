@@ -193,9 +193,13 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
         # 40 of the 150 captured conversations regenerated (each takes seconds on 2 cores).
         "speculator": {"epochs": 1}, "data": {"max_samples": 40, "max_tokens": 96},
         "evaluate": SMALL_EVALUATION,
-        # The gate: at least as good as the drafter it replaces (within the evaluation's noise
-        # on a few prompts).
-        "gate": {"min_acceptance_length": round(first["evaluation"]["mean_acceptance_length"] - 0.05, 2)},
+        # The gate is evaluated and passed, so that "deploy" promotes. It is not relative to A:
+        # A is a tiny CPU drafter (served AL about 1.2), and a retrain on 40 regenerated
+        # conversations (which 150 of the 200 replies the capture kept depends on timing) lands
+        # 0.1-0.15 either side of it on 4 evaluation prompts, so "A's AL - 0.05" passed or failed
+        # by chance (it failed a clean CI run with B at 1.1-1.3). A missed gate is tested in
+        # test_publish.py and test_cli.py.
+        "gate": {"min_acceptance_length": 1.0},
         "deploy": True})
     assert retrain.status_code == 201, retrain.text
     job = retrain.json()
