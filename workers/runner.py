@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
 import socket
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable
@@ -16,10 +18,12 @@ from typing import Any
 from app.db import session_scope, with_retries
 from app.logtail import tail
 from app.runtimes import JobPaths, Plan, StageCommand
+from app.runtimes.vllm import CPU_LAUNCHER
 from app.services.scheduling import schedule
 from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
+from workers.runtimes.local.preload import PRELOADER_ENV, preloader_argv
 from workers.supervisor import Group, ManagedProcess
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,11 @@ class JobContext:
     secrets: list[str] = field(default_factory=list)
     plan: Plan | None = None  # set once the verifier server's port is known
     verifier_server: ManagedProcess | None = None  # the hidden-states server, while it runs
+    # The local runtime's vLLM servers forked from one import per job (preload.py): set for
+    # pipeline jobs, which start several; a deployment starts one.
+    preload_vllm: bool = False
+    _preloader: tuple[ManagedProcess, str] | None = None  # the process, its socket's path
+    _preload_lock: threading.Lock = field(default_factory=threading.Lock)
     _watched: list[tuple[str, ManagedProcess, Path]] = field(default_factory=list)
     _stopped: list[ManagedProcess] = field(default_factory=list)
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -147,11 +156,30 @@ class JobContext:
         """Start a process in its own group; its pgid is recorded so orphans can be reaped."""
         self.event("process", f"starting: {command.description}",
                    {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
-        proc = ManagedProcess(command.argv, env=command.env, log_path=log_path or self.paths.log,
+        env = command.env
+        if self.preload_vllm and command.argv[:3] == CPU_LAUNCHER[:3]:
+            env = {**env, **self._preloader_env(command)}
+        proc = ManagedProcess(command.argv, env=env, log_path=log_path or self.paths.log,
                               job_id=self.job_id, secrets=self.secrets, on_line=on_line,
                               description=command.description)
         self._track(proc.pgid, add=True)
         return proc
+
+    def _preloader_env(self, command: StageCommand) -> dict[str, str]:
+        """Where the job's vLLM preloader listens, started with this first server's environment
+        on the first call; nothing once it has died (the launcher then runs vLLM itself)."""
+        with self._preload_lock:
+            if self._preloader is None:
+                folder = tempfile.mkdtemp(prefix="specdeck-vllm-")  # 0700, and a short path
+                self.on_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+                path = os.path.join(folder, "preloader.sock")
+                preloader = self.start(StageCommand(
+                    command.stage, "vLLM preloader (imports vLLM once for the job's servers)",
+                    preloader_argv(path), command.env))
+                self.on_cleanup(lambda: self.stop(preloader))
+                self._preloader = preloader, path
+            preloader, path = self._preloader
+        return {} if preloader.poll() is not None else {PRELOADER_ENV: path}
 
     def finish(self, proc: ManagedProcess) -> None:
         """Bookkeeping once ``proc`` has exited: forget its group, record how it ended."""
@@ -239,7 +267,8 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
     heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
                           lease_seconds=settings.lease_seconds)
     with heartbeat:
-        ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat)
+        ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat,
+                         preload_vllm=settings.vllm_preload)
         try:
             outcome = _run_stages(ctx, settings)
         finally:

@@ -16,6 +16,10 @@ computation, so there is no OpenMP pool or CUDA context to inherit (the local ru
 every GPU), and the engine core binds its own threads afterwards as it does when spawned. The
 local runtime's e2e tests serve, extract hidden states and evaluate through this launcher, and
 compare its outputs with vLLM's.
+
+Within a job, this process is only a launcher: with ``PRELOADER_ENV`` set, the job's preloader
+(preload.py), which imported all of this once, forks the server and this process stands in for
+it; the worker sees no difference.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+
+from workers.runtimes.local import preload
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -40,6 +46,11 @@ def fork_the_engine_core() -> None:
 
 
 def main() -> None:
+    if path := os.environ.get(preload.PRELOADER_ENV):
+        if conn := preload.connect(path):
+            preload.launch(conn, sys.argv[1:])
+        print(f"the job's vLLM preloader ({path}) can't be reached: vLLM starts here",
+              file=sys.stderr, flush=True)
     fork_the_engine_core()
     sys.argv[0] = API_SERVER
     runpy.run_module(API_SERVER, run_name="__main__", alter_sys=True)

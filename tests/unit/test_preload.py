@@ -1,0 +1,130 @@
+"""The job's vLLM preloader (workers/runtimes/local/preload.py), with a double of vLLM's API
+server (tests/support/forked_server.py) so that each start takes milliseconds: real processes,
+a real Unix socket, real signals. A launcher is serve.py's role: what the worker starts and
+supervises; the server it stands in for must act on what it was given and never outlive it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.waiting import wait_for
+from workers.runtimes.local.preload import PRELOADER_ENV, connect, preloader_argv
+
+DOUBLE = "tests.support.forked_server"
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = ("import sys; from workers.runtimes.local import preload; "
+          "preload.launch(preload.connect(sys.argv[1], 30), sys.argv[2:])")
+
+
+@pytest.fixture
+def preloader(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    path = str(tmp_path / "preloader.sock")
+    proc = subprocess.Popen(preloader_argv(path, DOUBLE), cwd=ROOT,
+                            env={**os.environ, "JOB_MARK": "job-1", "PYTHONPATH": str(ROOT)},
+                            start_new_session=True)
+    wait_for(lambda: os.path.exists(path), 30, "the preloader's socket")
+    yield path, proc
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def launcher(path: str, *argv: str, cwd: Path, env: dict[str, str] | None = None
+             ) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", LAUNCH, path, *argv], cwd=cwd, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.PIPE, start_new_session=True)
+
+
+def started(proc: subprocess.Popen[str]) -> dict[str, str]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    return dict(re.findall(r"(\w+)=(\[.*?\]|\S+)", line))
+
+
+def gone(*pids: int) -> bool:
+    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids)
+
+
+def test_the_server_gets_the_launchers_argv_cwd_environment_and_stdout(preloader, tmp_path):
+    path, pre = preloader
+    proc = launcher(path, "--show-env", "ONLY_THE_LAUNCHER", cwd=tmp_path,
+                    env={"ONLY_THE_LAUNCHER": "yes"})
+    seen = started(proc)
+    assert seen["argv"] == "['--show-env', 'ONLY_THE_LAUNCHER']"
+    assert seen["cwd"] == str(tmp_path) and seen["env"] == "yes"
+    server = psutil.Process(int(seen["server"]))
+    assert server.ppid() == pre.pid  # forked by the preloader, not started afresh
+    # Its /proc environ is the preloader's, so the job's marker finds it (workers/supervisor.py)
+    assert server.environ()["JOB_MARK"] == "job-1"
+    proc.terminate()
+    assert proc.wait(10) == 3
+
+
+def test_a_server_that_exits_gives_its_status_to_the_launcher(preloader, tmp_path):
+    path, _ = preloader
+    proc = launcher(path, "--exit", "5", cwd=tmp_path)
+    assert proc.wait(10) == 5
+
+
+def test_sigterm_reaches_the_server_and_the_launcher_exits_after_it(preloader, tmp_path):
+    path, _ = preloader
+    proc = launcher(path, cwd=tmp_path)
+    seen = started(proc)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the worker's stop sends: the launcher's group
+    assert proc.wait(10) == 3  # the server's SIGTERM handler ran and chose the status
+    assert wait_for(lambda: gone(int(seen["server"]), int(seen["engine"])), 10, "the server")
+
+
+def test_a_killed_launcher_takes_its_server_and_engine_core_with_it(preloader, tmp_path):
+    path, pre = preloader
+    proc = launcher(path, cwd=tmp_path)
+    seen = started(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    wait_for(lambda: gone(int(seen["server"]), int(seen["engine"])), 10, "server and engine")
+    assert pre.poll() is None  # the preloader serves the job's next launcher
+    again = launcher(path, "--exit", "0", cwd=tmp_path)
+    assert again.wait(10) == 0
+
+
+def test_a_killed_servers_engine_core_is_killed_and_its_launcher_exits(preloader, tmp_path):
+    path, _ = preloader
+    proc = launcher(path, cwd=tmp_path)
+    seen = started(proc)
+    os.kill(int(seen["server"]), signal.SIGKILL)
+    assert proc.wait(10) == 128 + signal.SIGKILL
+    # The orphaned engine core went to the preloader (a child subreaper), which killed it.
+    assert wait_for(lambda: gone(int(seen["engine"])), 10, "the engine core")
+
+
+def test_two_launchers_at_once_get_servers_of_their_own(preloader, tmp_path):
+    path, _ = preloader
+    first, second = launcher(path, cwd=tmp_path), launcher(path, cwd=tmp_path)
+    servers = {started(first)["server"], started(second)["server"]}
+    assert len(servers) == 2
+    for proc in (first, second):
+        proc.terminate()
+        assert proc.wait(10) == 3
+
+
+def test_a_preloader_that_is_not_there_is_not_waited_for(tmp_path):
+    assert connect(str(tmp_path / "gone" / "preloader.sock")) is None
+    assert connect(str(tmp_path / "preloader.sock"), timeout=0.2) is None
+
+
+def test_the_launcher_does_not_pass_the_socket_on(preloader, tmp_path):
+    path, _ = preloader
+    proc = launcher(path, "--show-env", PRELOADER_ENV, cwd=tmp_path, env={PRELOADER_ENV: path})
+    assert started(proc)["env"] == "None"
+    proc.terminate()
+    proc.wait(10)
