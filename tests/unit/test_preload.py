@@ -5,6 +5,7 @@ supervises; the server it stands in for must act on what it was given and never 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -120,6 +121,15 @@ def test_two_launchers_at_once_get_servers_of_their_own(preloader, tmp_path):
 def test_a_preloader_that_is_not_there_is_not_waited_for(tmp_path):
     assert connect(str(tmp_path / "gone" / "preloader.sock")) is None
     assert connect(str(tmp_path / "preloader.sock"), timeout=0.2) is None
+
+
+def test_a_preloader_that_died_before_listening_is_not_waited_for(tmp_path):
+    path = str(tmp_path / "preloader.sock")
+    # Its module can't be imported: it wrote its pid and exited without a socket.
+    dead = subprocess.run(preloader_argv(path, "no.such.module"), cwd=ROOT, capture_output=True)
+    assert dead.returncode != 0 and os.path.exists(path + ".pid")
+    # No deadline to run into: only seeing the preloader gone ends the wait.
+    assert connect(path, timeout=math.inf) is None
 
 
 def test_the_launcher_does_not_pass_the_socket_on(preloader, tmp_path):

@@ -56,6 +56,8 @@ def preload(path: str, module: str | None = None) -> NoReturn:
     """The preloader: import the servers' module once (vLLM's API server, with serve.py's
     forked engine core), then fork a server per launcher."""
     began = time.monotonic()
+    with open(path + ".pid", "w") as pid_file:  # a launcher stops waiting once this pid is gone
+        pid_file.write(str(os.getpid()))
     if module is None:
         from workers.runtimes.local.serve import API_SERVER, fork_the_engine_core
 
@@ -174,9 +176,21 @@ def connect(path: str, timeout: float = READY_TIMEOUT) -> socket.socket | None:
             return conn
         except (FileNotFoundError, ConnectionRefusedError):
             conn.close()
-            if time.monotonic() > deadline or not os.path.isdir(os.path.dirname(path)):
+            if time.monotonic() > deadline or not os.path.isdir(os.path.dirname(path)) \
+                    or not alive(path + ".pid"):
                 return None
             time.sleep(0.05)
+
+
+def alive(pid_path: str) -> bool:
+    """Whether the preloader that wrote ``pid_path`` still runs (yes, until it has written it:
+    it is being started)."""
+    try:
+        with open(pid_path) as pid_file:
+            pid = int(pid_file.read())
+    except (FileNotFoundError, ValueError):
+        return True
+    return pid in live_processes()
 
 
 def launch(conn: socket.socket, argv: list[str]) -> NoReturn:
