@@ -154,11 +154,11 @@ class JobContext:
     def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
               log_path: Path | None = None) -> ManagedProcess:
         """Start a process in its own group; its pgid is recorded so orphans can be reaped."""
-        self.event("process", f"starting: {command.description}",
-                   {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
         env = command.env
         if self.preload_vllm and command.argv[:3] == CPU_LAUNCHER[:3]:
             env = {**env, **self._preloader_env(command)}
+        self.event("process", f"starting: {command.description}",
+                   {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
         proc = ManagedProcess(command.argv, env=env, log_path=log_path or self.paths.log,
                               job_id=self.job_id, secrets=self.secrets, on_line=on_line,
                               description=command.description)
