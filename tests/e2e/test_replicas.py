@@ -5,15 +5,15 @@ traffic; one replica's engine is SIGKILLed under load: no plain request fails (a
 before its first byte is retried on the other replica, a refused one goes there at once), the
 stream on the killed engine ends with an OpenAI-shaped error event and the other stream goes
 on; the replica restarts and takes traffic again; a promotion under load switches both
-replicas' engines with no request failing; scaled back to one, its engine stops. The drafters
-are untrained DFlash drafters (made in seconds): what is tested is the serving, not what the
-drafters accept."""
+replicas' engines with no request failing; scaled back to one, its engine stops. The deployment
+serves the demo drafter, trained by a demo job on these workers (no evaluation: what it accepts
+is asserted from both engines' own counters); the promotion switches to an untrained DFlash
+drafter (made in seconds)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,34 +27,45 @@ import pytest
 from tests.conftest import Api, Stack
 from tests.e2e.conftest import job_processes
 from tests.e2e.test_live_acceptance import LIVE_ENV
+from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, submit
 from tests.e2e.test_promotion import engine_drafters
-from tests.e2e.test_serving import PROMPTS, deploy, gateway, running  # noqa: F401
+from tests.e2e.test_serving import PROMPTS, counters, deploy, gateway, running  # noqa: F401
 from tests.support.drafters import write_untrained_drafter
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 NAME = "demo-replicas"
 CHAT_TOKENS = 16
 
 
-def checkpoints_of(api: Api, verifier: str, drafters: list[Path]) -> list[str]:
-    """Checkpoint rows for drafters on disk, as if a job of this project had trained them for
-    ``verifier`` (promotions switch between checkpoints). The job row is written as ended, so
-    that no worker ever runs it."""
+def untrained_checkpoint(api: Api, verifier: str, drafter: Path) -> str:
+    """A checkpoint row for an untrained drafter on disk, as if a job of this project had
+    trained it for ``verifier`` (promotions switch between checkpoints). The job row is written
+    as ended, so that no worker ever runs it."""
     from app.db import session_scope
     from app.db.models import Checkpoint, Job
 
     project_id = api.get("/api/me").json()["project"]["id"]
     with session_scope() as session:
-        job = Job(project_id=project_id, status="succeeded", name="untrained drafters",
+        job = Job(project_id=project_id, status="succeeded", name="an untrained drafter",
                   spec={"verifier_info": {"reference": verifier}})
         session.add(job)
         session.flush()
-        rows = [Checkpoint(job_id=job.id, epoch=i, path=str(path))
-                for i, path in enumerate(drafters)]
-        session.add_all(rows)
+        row = Checkpoint(job_id=job.id, epoch=0, path=str(drafter))
+        session.add(row)
         session.flush()
-        return [row.id for row in rows]
+        return row.id
+
+
+def trained_demo_drafter(api: Api, demo: dict[str, str]) -> dict[str, Any]:
+    """The demo drafter: a demo job of two epochs, trained on the running workers without the
+    served evaluation. Returns its best checkpoint."""
+    job = submit(api, demo, epochs=2, evaluate=False)
+    done = api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=900)
+    assert done["status"] == "succeeded", (done, api.get(f"/api/jobs/{job['id']}/logs").text)
+    checkpoints = api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+    [best] = [c for c in checkpoints if c["is_best"]]
+    return best
 
 
 def replica_rows(deployment_id: str) -> dict[int, dict[str, Any]]:
@@ -146,17 +157,18 @@ class LongStream(threading.Thread):
 
 
 def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
-        pg_api: Api, pg_stack: Stack, gateway, demo_assets: tuple[Path, Path]) -> None:  # noqa: F811
-    verifier = pg_stack.models_root / "demo"
-    shutil.copytree(demo_assets[0], verifier, dirs_exist_ok=True)
-    drafters = [write_untrained_drafter(verifier, pg_stack.models_root / f"untrained-{seed}",
-                                        seed=seed) for seed in (0, 1)]
-    a, b = checkpoints_of(pg_api, str(verifier.resolve()), drafters)
+        pg_api: Api, pg_stack: Stack, gateway, demo: dict[str, str]) -> None:  # noqa: F811
+    verifier = (pg_stack.models_root / "demo").resolve()
     for name in ("replica-a", "replica-b"):
         # The drain grace covers a request routed to an old engine just before the route
         # cache saw the switch: generous on a busy machine.
-        pg_stack.start_worker(name, **LIVE_ENV, SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
-    created = deploy(pg_api, {"name": NAME, "checkpoint_id": a, "runtime": "local",
+        pg_stack.start_worker(name, **REAL_PIPELINE, **LIVE_ENV,
+                              SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
+    trained = trained_demo_drafter(pg_api, demo)
+    untrained = write_untrained_drafter(verifier, pg_stack.models_root / "untrained",
+                                        block_size=CPU_SPECULATOR["block_size"])
+    b = untrained_checkpoint(pg_api, str(verifier), untrained)
+    created = deploy(pg_api, {"name": NAME, "checkpoint_id": trained["id"], "runtime": "local",
                               "replicas": 2})
     assert created["status"] == "ready", created
     dep_id, path = created["id"], f"/api/deployments/{created['id']}"
@@ -166,16 +178,23 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     assert {r["worker"] for r in both["replica_states"]} == {"replica-a", "replica-b"}
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=pg_api.key, max_retries=0)
 
-    # 1. Both replicas serve: 40 requests, and each engine finished some of them.
+    # 1. Both replicas serve: 40 requests, and each engine finished some of them, drafting
+    # with the trained drafter (its own counters: accepted tokens per draft).
+    rows = replica_rows(dep_id)
+    before = {index: counters(row["url"]) for index, row in rows.items()}
     load = Load(client, 40)
     load.finish()
     assert load.failures == [] and len(load.done) == 40 and all(load.done)
     counts = wait_for(lambda: (c := requests_per_replica(pg_api, dep_id)) and sum(c.values()) >= 40
                       and c, 60, "the live points of the 40 requests")
     assert counts.get(0, 0) > 0 and counts.get(1, 0) > 0, counts
+    for index, row in rows.items():
+        after = counters(row["url"])
+        drafts, accepted = (after[name] - before[index].get(name, 0) for name in (
+            "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"))
+        assert drafts > 0 and 1 + accepted / drafts > 1.0, (index, accepted, drafts)
 
     # 2. SIGKILL replica 1's engine with a stream on each engine and plain requests coming.
-    rows = replica_rows(dep_id)
     victim, survivor = rows[1], rows[0]
     streams = [LongStream(gateway, pg_api.key) for _ in range(2)]
     for stream in streams:
@@ -221,14 +240,14 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     promoted = pg_api.post(f"{path}/promote", json={"checkpoint_id": b})
     assert promoted.status_code == 202, promoted.text
     for index, row in replica_rows(dep_id).items():
-        wait_for(lambda row=row: engine_drafters(row["id"]) == [str(drafters[1])], 300,
+        wait_for(lambda row=row: engine_drafters(row["id"]) == [str(untrained)], 300,
                  f"replica {index} to serve the new drafter alone")
     done = len(load.done)
     wait_for(lambda: len(load.done) >= done + 4, 120, "requests after the switch")
     load.stop()
     assert load.failures == [], load.failures
     switched = pg_api.get(path).json()
-    assert [r["drafter"] for r in switched["replica_states"]] == [str(drafters[1])] * 2, switched
+    assert [r["drafter"] for r in switched["replica_states"]] == [str(untrained)] * 2, switched
     promotion = wait_for(lambda: (p := pg_api.get(f"{path}/promotions").json()["data"][0])
                          ["status"] in ("succeeded", "failed") and p, 60, "the promotion's end")
     assert promotion["id"] == promoted.json()["id"] and promotion["status"] == "succeeded"
