@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -306,6 +307,8 @@ def record_usage(gateway: Gateway, caller: Caller, route: Route, usage: Any,
 # --- streaming ---------------------------------------------------------------------------------
 
 _DONE = b"data: [DONE]\n\n"
+_USAGE = re.compile(rb'"usage": ?\{')
+_SEPARATORS = (b"\r\n\r\n", b"\n\n", b"\r\r")
 
 
 def event_end(data: bytes) -> int:
@@ -390,26 +393,43 @@ class SSEProxy(Response):
         return tail if done else tail + _DONE
 
     def take_usage(self, out: bytes) -> bytes:
-        """Record the usage in these events; drop the usage chunk if the client did not ask."""
-        parts = EVENT_SPLIT.split(out)
-        kept: list[bytes] = []
-        for i in range(0, len(parts), 2):
-            event, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
-            if b'"usage"' in event:
-                try:
-                    payload = event_json(event)
-                except ValueError:
-                    payload = None
-                if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
-                    record_usage(self.gateway, self.caller, self.route, payload["usage"],
-                                 payload.get("metrics"))
-                    if not self.client_usage:
-                        if not payload.get("choices"):
-                            continue  # the usage-only chunk the gateway asked for
-                        payload.pop("usage")
-                        event = b"data: " + json.dumps(payload, separators=(",", ":")).encode()
-            kept.append(event + sep)
-        return b"".join(kept)
+        """Record the usage in these events; drop the usage chunk if the client did not ask.
+        Only the events that carry a usage object are looked at (one per stream, the last):
+        the others pass through as they are."""
+        pieces: list[bytes] = []
+        done = 0
+        for match in _USAGE.finditer(out):
+            if match.start() < done:
+                continue  # inside an event already handled
+            start = max([done] + [at + len(sep) for sep in _SEPARATORS
+                                  if (at := out.rfind(sep, done, match.start())) >= 0])
+            boundary = EVENT_SPLIT.search(out, match.end())
+            end = boundary.end() if boundary else len(out)
+            pieces += (out[done:start], self.usage_event(out[start:end]))
+            done = end
+        if not done:
+            return out
+        pieces.append(out[done:])
+        return b"".join(pieces)
+
+    def usage_event(self, event: bytes) -> bytes:
+        """One event with a usage object: recorded; what of it goes on to the client."""
+        try:
+            payload = event_json(event)
+        except ValueError:
+            return event
+        if not isinstance(payload, dict) or not isinstance(payload.get("usage"), dict):
+            return event
+        record_usage(self.gateway, self.caller, self.route, payload["usage"],
+                     payload.get("metrics"))
+        if self.client_usage:
+            return event
+        if not payload.get("choices"):
+            return b""  # the usage-only chunk the gateway asked for
+        payload.pop("usage")
+        separator = EVENT_SPLIT.search(event)
+        return (b"data: " + json.dumps(payload, separators=(",", ":")).encode()
+                + (separator.group() if separator else b""))
 
 
 # --- routes ---------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ import aiohttp
 from cryptography.fernet import InvalidToken, MultiFernet
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from app.db import session_scope
 from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
@@ -357,27 +358,59 @@ class UsageRecorder(BatchWriter[dict[str, Any]]):
             log.error("dropped a usage row: %d are waiting for the database", len(self.pending))
 
     def write(self, batch: list[dict[str, Any]]) -> int:
-        last_used: dict[str, Any] = {}
-        for row in batch:
-            last_used[row["api_key_id"]] = row["created_at"]
         try:
             with session_scope() as session:
-                session.execute(Usage.__table__.insert(), batch)  # Core executemany
-                for key_id, when in last_used.items():
-                    session.execute(update(ApiKey).where(  # never backwards (/api writes it too)
-                        ApiKey.id == key_id,
-                        ApiKey.last_used_at.is_(None) | (ApiKey.last_used_at < when))
-                        .values(last_used_at=when))
+                insert_usage(session, batch)
+                touch_keys(session, batch)
         except IntegrityError:
             # A key (or its project) was deleted since: keep every other row, one at a time,
             # rather than retrying a batch that can never go in.
+            kept = []
             for row in batch:
                 try:
                     with session_scope() as session:
-                        session.execute(Usage.__table__.insert(), [row])
+                        insert_usage(session, [row])
+                    kept.append(row)
                 except IntegrityError:
                     log.warning("dropped a usage row of deleted key %s", row["api_key_id"])
+            with session_scope() as session:
+                touch_keys(session, kept)
         return len(batch)
+
+
+def touch_keys(session: Session, rows: list[dict[str, Any]]) -> None:
+    """The keys' ``last_used_at``: their newest row's time, never backwards (/api writes it
+    too)."""
+    last_used: dict[str, Any] = {}
+    for row in rows:
+        last_used[row["api_key_id"]] = max(row["created_at"],
+                                           last_used.get(row["api_key_id"], row["created_at"]))
+    for key_id, when in last_used.items():
+        session.execute(update(ApiKey).where(
+            ApiKey.id == key_id, ApiKey.last_used_at.is_(None) | (ApiKey.last_used_at < when))
+            .values(last_used_at=when))
+
+
+USAGE_COLUMNS = ("api_key_id", "project_id", "deployment_id", "model", "prompt_tokens",
+                 "completion_tokens", "acceptance_length", "created_at")
+
+
+def insert_usage(session: Session, batch: list[dict[str, Any]]) -> None:
+    """Usage rows in one statement: PostgreSQL's COPY (a row costs a few microseconds there,
+    against tens through an executemany, and the gateway writes one per request), else an
+    executemany."""
+    dialect = session.get_bind().dialect
+    if dialect.name == "postgresql":
+        statement = f"COPY usage ({', '.join(USAGE_COLUMNS)}) FROM STDIN"
+        try:
+            with session.connection().connection.cursor() as cursor, \
+                    cursor.copy(statement) as copy:
+                for row in batch:
+                    copy.write_row([row[column] for column in USAGE_COLUMNS])
+        except dialect.dbapi.IntegrityError as exc:  # as SQLAlchemy raises it
+            raise IntegrityError(statement, None, exc) from exc
+    else:
+        session.execute(Usage.__table__.insert(), batch)  # Core executemany
 
 
 class CaptureRecorder(BatchWriter[Sampled]):
