@@ -63,8 +63,10 @@ def cmd_api(args: argparse.Namespace) -> None:
     import uvicorn
 
     _ensure_sqlite_dirs()
-    uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
-                log_level="info", access_log=not args.no_access_log, workers=args.workers)
+    # proxy_headers: applied by the app itself, past its gateway's fast path (app.main).
+    uvicorn.run("app.main:create_server", factory=True, host=args.host, port=args.port,
+                log_level="info", access_log=not args.no_access_log, workers=args.workers,
+                proxy_headers=False)
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

@@ -190,10 +190,15 @@ def _method_not_allowed(request: Request) -> JSONResponse:
                         headers={"Allow": allowed})
 
 
-async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+def internal_error(exc: Exception) -> JSONResponse:
+    """500 for an error nothing else handled (logged with its traceback)."""
     log.exception("unhandled error", exc_info=exc)
     return JSONResponse(error_body(500, "Internal server error", code="internal_error",
                                    type="server_error"), status_code=500)
+
+
+async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+    return internal_error(exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:

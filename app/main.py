@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -38,12 +39,18 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     app.openapi = _no_null_parameters(app.openapi)  # type: ignore[method-assign]
     app.router.routes.append(DashboardRoute(settings.dashboard_dir))  # last: it matches the rest
-    # Added first, so innermost: the gateway's hot path still passes the body limit and metrics.
-    app.add_middleware(openai.GatewayFastPath)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
                        overrides={"/api/datasets": max_upload_body_bytes(settings)})
     app.add_middleware(PrometheusMetrics)
     return app
+
+
+def create_server() -> openai.GatewayFastPath:
+    """What `specdeck api` serves: the app, with the gateway's chat completions served ahead of
+    its middleware (``GatewayFastPath``; uvicorn runs it with ``proxy_headers=False``, and the
+    fast path applies uvicorn's proxy headers middleware to every other request itself)."""
+    return openai.GatewayFastPath(create_app(),
+                                  os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"))
 
 
 @cache

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import error_body
+from app.errors import APIError, error_response
 
 REQUESTS = Counter("specdeck_http_requests_total", "HTTP requests", ["method", "route", "status"])
 LATENCY = Histogram("specdeck_http_request_seconds", "HTTP request latency", ["method", "route"])
@@ -32,7 +31,7 @@ class BodySizeLimit:
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if value.isdigit() and int(value) > limit:
-                    return await self._reject(send, limit)
+                    return await self._reject(scope, receive, send, limit)
                 break
         seen = 0
         started = rejected = False
@@ -48,7 +47,7 @@ class BodySizeLimit:
                     rejected = True
                     if not started:
                         started = True
-                        await self._reject(send, limit)
+                        await self._reject(scope, receive, send, limit)
                     return {"type": "http.disconnect"}
             return message
 
@@ -65,14 +64,15 @@ class BodySizeLimit:
             if not rejected:
                 raise  # else: the app failed on the disconnect it was handed; the 413 is out
 
-    async def _reject(self, send: Send, limit: int) -> None:
-        body = json.dumps(error_body(413, f"Request body is larger than {limit} bytes",
-                                     code="request_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        await error_response(too_large(limit))(scope, receive, send)
+
+
+def too_large(limit: int) -> APIError:
+    """413 for a body over ``limit`` bytes; the connection is closed after it (the rest of the
+    body is never read)."""
+    return APIError(413, f"Request body is larger than {limit} bytes", code="request_too_large",
+                    headers={"Connection": "close"})
 
 
 class PrometheusMetrics:

@@ -56,9 +56,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, Security
-from starlette.datastructures import Headers
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.api.deps import bearer
 from app.errors import (
@@ -69,7 +68,9 @@ from app.errors import (
     error_body,
     error_response,
     error_responses,
+    internal_error,
 )
+from app.middleware import LATENCY, REQUESTS, too_large
 from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
@@ -482,54 +483,96 @@ _CHAT_BODY = {"requestBody": {"required": True, "content": {
 
 @router.post("/chat/completions", responses=_CHAT_RESPONSES, openapi_extra=_CHAT_BODY)
 async def chat_completions() -> Response:
-    """Declared for the OpenAPI document; ``GatewayFastPath`` serves this path before routing.
-    Reached only if the path arrives some other way, with the same function."""
+    """Declared for the OpenAPI document; ``GatewayFastPath`` serves this path in `specdeck api`.
+    Reached when the FastAPI app is served by itself (tests), with the same function."""
     return Served(serve_chat_completion)
 
 
 class GatewayFastPath:
-    """Pure ASGI middleware: ``POST /v1/chat/completions`` goes straight to
-    ``serve_chat_completion``, inside the app's own middleware (body limit, metrics) but past
-    FastAPI's router, dependency injection and exception middleware, which cost more than the
-    gateway's own work per request (docs/benchmarks.md, "Where the time goes")."""
+    """The ASGI app that `specdeck api` serves (``app.main.create_server``).
 
-    def __init__(self, app: ASGIApp) -> None:
+    ``POST /v1/chat/completions`` goes straight to ``serve_chat_completion``, ahead of every
+    layer an API request passes (uvicorn's proxy headers, Starlette's error middleware, the body
+    limit's and the metrics' wrappers of every message, FastAPI's router), which together cost
+    more CPU than the gateway's own work (docs/benchmarks.md, "A cheaper gateway"). What those
+    layers do for it is done here or there: the request's metrics (status 499 when the client
+    went away before an answer), the body limit and a 500 in the error shape
+    (``serve_chat_completion``). Everything else goes to ``app`` behind uvicorn's proxy headers
+    middleware, trusting FORWARDED_ALLOW_IPS as uvicorn itself does (default 127.0.0.1)."""
+
+    def __init__(self, app: ASGIApp, forwarded_allow_ips: str = "127.0.0.1") -> None:
         self.app = app
+        self.rest = ProxyHeadersMiddleware(app, trusted_hosts=forwarded_allow_ips)
         # The route above, for the metrics' label (what routing would have put in the scope).
         self.route = next(r for r in router.routes if getattr(r, "path", "") == CHAT_COMPLETIONS)
+        self.latency = LATENCY.labels("POST", CHAT_COMPLETIONS)
+        self.requests: dict[int, Any] = {}  # status -> its counter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path, root = scope["path"], scope.get("root_path", "")
             if path == CHAT_COMPLETIONS or (root and path == root + CHAT_COMPLETIONS):
-                scope["route"] = self.route
-                return await serve_chat_completion(scope, receive, send)
-        await self.app(scope, receive, send)
+                scope["app"], scope["route"] = self.app, self.route
+                started, status = time.perf_counter(), 500
+                try:
+                    status = await serve_chat_completion(scope, receive, send)
+                finally:
+                    self.latency.observe(time.perf_counter() - started)
+                    counter = self.requests.get(status)
+                    if counter is None:
+                        counter = self.requests[status] = REQUESTS.labels(
+                            "POST", CHAT_COMPLETIONS, str(status))
+                    counter.inc()
+                return
+        await self.rest(scope, receive, send)
 
 
-async def read_body(scope: Scope, receive: Receive) -> bytes | None:
-    """The request body; None if the client went away (or the body limit answered 413)."""
-    try:
-        return await Request(scope, receive).body()
-    except ClientDisconnect:
-        return None
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body; None if the client went away. 413 once it grows past ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # http.disconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> int:
     """``POST /v1/chat/completions`` as a plain ASGI app: every failure answers in the error
-    shape; nothing is sent once the client has gone."""
+    shape; nothing is sent once the client has gone. Returns the status sent (499: none, the
+    client went away)."""
     gateway = get_gateway(scope["app"])
     try:
         response = await chat_completion(gateway, scope, receive)
     except APIError as exc:
         response = error_response(exc)
-    if response is not None:
-        await response(scope, receive, send)
+    except Exception as exc:  # as the app's handler answers it on every other route
+        response = internal_error(exc)
+    if response is None:
+        return 499
+    await response(scope, receive, send)
+    return response.status_code
 
 
 async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> Response | None:
-    caller = await authenticate(gateway, Headers(scope=scope).get("authorization"))
-    raw = await read_body(scope, receive)
+    authorization = length = None
+    for name, value in scope["headers"]:
+        if name == b"authorization" and authorization is None:
+            authorization = value.decode("latin-1")
+        elif name == b"content-length" and length is None:
+            length = value
+    limit = gateway.max_body_bytes
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large(limit)  # before anything else, as for every route
+    caller = await authenticate(gateway, authorization)
+    raw = await read_body(receive, limit)
     if raw is None:
         return None
     try:

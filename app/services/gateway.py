@@ -667,6 +667,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.max_tokens = settings.gateway_max_tokens
+        self.max_body_bytes = settings.max_body_bytes
         self.starting_retry_after = str(settings.gateway_starting_retry_after_seconds)
         self.unavailable_retry_after = str(settings.gateway_unavailable_retry_after_seconds)
         self.callers: TTLCache[str, Caller | None] = TTLCache(

@@ -559,8 +559,8 @@ export interface paths {
         put?: never;
         /**
          * Chat Completions
-         * @description Declared for the OpenAPI document; ``GatewayFastPath`` serves this path before routing.
-         *     Reached only if the path arrives some other way, with the same function.
+         * @description Declared for the OpenAPI document; ``GatewayFastPath`` serves this path in `specdeck api`.
+         *     Reached when the FastAPI app is served by itself (tests), with the same function.
          */
         post: operations["chat_completions_v1_chat_completions_post"];
         delete?: never;
