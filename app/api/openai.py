@@ -360,8 +360,9 @@ class SSEProxy(Response):
     async def relay(self, send: Send) -> bytes:
         """Send the events as they come; return what ends the stream."""
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        pending, chunk, done = b"", self.first, False
-        next_chunk, captured = self.upstream.next_chunk, self.captured
+        pending, chunk, done, held = b"", self.first, False, b""
+        next_chunk, at_end, captured = (self.upstream.next_chunk, self.upstream.at_end,
+                                        self.captured)
         while True:
             data = pending + chunk if pending else chunk
             end = event_end(data)
@@ -371,7 +372,9 @@ class SSEProxy(Response):
                     out = self.take_usage(out)
                 if not done and b"data: [DONE]" in out:
                     done = True
-                if out:
+                if out and done and at_end():
+                    held = out  # nothing more is coming: sent with the stream's end, one write
+                elif out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     if captured is not None:
                         captured.append(out)
@@ -391,7 +394,7 @@ class SSEProxy(Response):
         tail = pending + b"\n\n" if pending.strip() else b""
         if tail and b'"usage":' in tail:
             tail = self.take_usage(tail)
-        return tail if done else tail + _DONE
+        return held + tail if done else tail + _DONE
 
     def take_usage(self, out: bytes) -> bytes:
         """Record the usage in these events; drop the usage chunk if the client did not ask.

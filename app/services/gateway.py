@@ -542,6 +542,10 @@ class UpstreamResponse:
         self.response.release()  # the whole body was read: the connection goes back to the pool
         return None
 
+    def at_end(self) -> bool:
+        """Whether the whole body has arrived and been read (the next chunk is the end)."""
+        return self.response.content.at_eof()
+
     async def read(self) -> bytes:
         parts = []
         while (chunk := await self.next_chunk()) is not None:

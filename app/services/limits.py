@@ -23,8 +23,10 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -95,6 +97,87 @@ class LocalRateLimiter:
         return None
 
 
+class Pipeline:
+    """Commands of concurrent callers on one Redis connection: those that arrive while a batch
+    is on the wire go together as the next one (one write, the replies read in order), so each
+    costs one round trip and a few microseconds. redis-py's client takes a connection from its
+    pool, retries and wraps per call, and cost the gateway more CPU than the rest of its own
+    work on a request (docs/benchmarks.md, "A cheaper gateway"). redis-py still does the
+    protocol: its connection connects (AUTH, SELECT, TLS), packs the commands and parses the
+    replies (with hiredis)."""
+
+    def __init__(self, pool: aioredis.ConnectionPool) -> None:
+        self.pool = pool
+        self.queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self.connection: Any = None
+        self.drainer: asyncio.Task[None] | None = None
+
+    async def execute(self, *command: Any) -> Any:
+        """The command's reply (an error reply as its ``ResponseError``); raises
+        ``redis.RedisError`` or ``OSError`` when Redis cannot be reached or is too slow."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.queue.append((command, future))
+        if self.drainer is None:
+            # Nothing on the wire: this caller sends at once (no task to wait for), and hands
+            # what queued meanwhile to a task.
+            self.drainer = asyncio.current_task()
+            try:
+                batch, self.queue = self.queue, []
+                await self._send(batch)
+            finally:
+                self.drainer = loop.create_task(self._drain()) if self.queue else None
+        reply = await future
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        return reply
+
+    async def _drain(self) -> None:
+        try:
+            while self.queue:
+                batch, self.queue = self.queue, []
+                await self._send(batch)
+        finally:
+            self.drainer = None
+            if self.queue:  # cancelled with callers waiting: they are not left hanging
+                self.drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                if self.connection is None:
+                    self.connection = self.pool.make_connection()
+                connection = self.connection
+                await connection.send_packed_command(
+                    connection.pack_commands([command for command, _ in batch]),
+                    check_health=False)
+                for _, future in batch:
+                    try:
+                        reply = await connection.read_response(timeout=math.inf)
+                    except redis.ResponseError as exc:  # read: the next reply follows
+                        reply = exc
+                    if not future.done():
+                        future.set_result(reply)
+        except BaseException as exc:
+            # The connection's replies are no longer in step with the commands: a new one next.
+            await self.close()
+            failure = (redis.TimeoutError("Redis answered too slowly")
+                       if isinstance(exc, TimeoutError) else
+                       exc if isinstance(exc, (redis.RedisError, OSError)) else
+                       redis.ConnectionError("the command was interrupted"))
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(failure)
+            if not isinstance(exc, (redis.RedisError, OSError, TimeoutError)):
+                raise  # cancelled
+
+    async def close(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+
+
 class RedisRateLimiter:
     """The same limit, one bucket per key in Redis for every API process (GCRA above)."""
 
@@ -102,22 +185,20 @@ class RedisRateLimiter:
         self.enabled = rpm > 0
         self.interval_us = round(60_000_000 / rpm) if rpm > 0 else 0
         self.tolerance_us = self.interval_us * (max(1, burst) - 1)
-        self.client = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT,
-                                              socket_connect_timeout=TIMEOUT)
+        self.redis = Pipeline(aioredis.ConnectionPool.from_url(
+            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT))
         self.sha = hashlib.sha1(GCRA.encode()).hexdigest()
         self._warned = 0.0
 
     async def take(self, key_id: str) -> float | None:
-        # EVALSHA as a plain command: redis-py's Script object costs as much again per call
-        # (docs/benchmarks.md, "A cheaper gateway"); a Redis that lost its scripts loads it anew.
         command = ("EVALSHA", self.sha, 1, BUCKET_PREFIX + key_id, self.interval_us,
                    self.tolerance_us)
         try:
             try:
-                wait_us = await self.client.execute_command(*command)
-            except redis.exceptions.NoScriptError:
-                await self.client.script_load(GCRA)
-                wait_us = await self.client.execute_command(*command)
+                wait_us = await self.redis.execute(*command)
+            except redis.exceptions.NoScriptError:  # Redis restarted, or SCRIPT FLUSH
+                await self.redis.execute("SCRIPT", "LOAD", GCRA)
+                wait_us = await self.redis.execute(*command)
         except (redis.RedisError, OSError) as exc:
             if time.monotonic() - self._warned > WARN_EVERY:
                 self._warned = time.monotonic()
@@ -127,7 +208,7 @@ class RedisRateLimiter:
         return int(wait_us) / 1e6 if wait_us else None
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.redis.close()
 
 
 def rate_limiter(settings: Settings) -> LocalRateLimiter | RedisRateLimiter:
