@@ -275,7 +275,10 @@ def upstream_target(base_url: str | None, key: str | None, path: str
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         log.error("unusable upstream URL %r", base_url)
         return None, None
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    # Every header aiohttp would add is here already: it then adds none (its skip list costs
+    # more CPU per request than anything else it does before the request is written).
+    headers = {"Content-Type": "application/json", "Accept": "*/*",
+               "Accept-Encoding": "identity", "User-Agent": "specdeck-gateway"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     if any("\r" in value or "\n" in value for value in headers.values()):
@@ -579,7 +582,7 @@ class UpstreamClient:
                                                keepalive_timeout=self.keepalive),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
                                               sock_read=self.read_timeout),
-                auto_decompress=False, skip_auto_headers=("User-Agent",))
+                auto_decompress=False)
         return self._session
 
     async def send(self, url: str, headers: dict[str, str], body: bytes,
