@@ -661,3 +661,19 @@ def test_usage_buffered_at_shutdown_is_written(gateway: Gateway, tmp_path: Path)
     # uvicorn re-raises SIGTERM once it has shut down gracefully.
     assert proc.returncode in (0, -signal.SIGTERM) and "Application shutdown complete" in log, log
     assert [(r.prompt_tokens, r.completion_tokens) for r in usage_rows(key.project_id)] == [(5, 8)]
+
+
+def test_other_requests_pass_uvicorns_proxy_headers(gateway: Gateway) -> None:
+    """`specdeck api` serves chat completions ahead of the app's middleware and applies uvicorn's
+    proxy headers middleware to everything else itself: a redirect behind a TLS-terminating
+    proxy on this host (X-Forwarded-Proto from 127.0.0.1, trusted by default) says https."""
+    key = make_key()
+
+    def redirect(**headers: str) -> str:
+        response = httpx.get(f"{gateway.url}/api/jobs/", follow_redirects=False, timeout=30,
+                             headers={"Authorization": f"Bearer {key.plaintext}", **headers})
+        assert response.status_code == 307, response.text
+        return response.headers["location"]
+
+    assert redirect(**{"X-Forwarded-Proto": "https"}) == f"https://{gateway.url.split('://')[1]}/api/jobs"
+    assert redirect() == f"{gateway.url}/api/jobs"
