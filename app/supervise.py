@@ -73,6 +73,21 @@ def live_processes() -> dict[int, tuple[int, int]]:
     return found
 
 
+def descendants(pid: int, table: dict[int, tuple[int, int]] | None = None) -> list[int]:
+    """The live descendants of ``pid``, from ``table`` (``live_processes()``; read now if not
+    given)."""
+    table = live_processes() if table is None else table
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def descendant_groups(pid: int) -> set[int]:
     """The process groups of ``pid``'s descendants: its own, and any they moved to (the worker
     starts each job's processes in a session of their own)."""
@@ -80,15 +95,7 @@ def descendant_groups(pid: int) -> set[int]:
         table = live_processes()
     except OSError:  # no /proc
         return set()
-    children: dict[int, list[int]] = {}
-    for child, (parent, _) in table.items():
-        children.setdefault(parent, []).append(child)
-    groups, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            groups.add(table[child][1])
-            todo.append(child)
-    return groups
+    return {table[child][1] for child in descendants(pid, table)}
 
 
 @dataclass(frozen=True)

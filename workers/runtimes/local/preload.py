@@ -39,7 +39,7 @@ import threading
 import time
 from typing import NoReturn
 
-from app.supervise import live_processes
+from app.supervise import descendants, live_processes
 
 PRELOADER_ENV = "SPECDECK_VLLM_PRELOADER"  # the preloader's socket, in a launcher's environment
 MODULE = "workers.runtimes.local.preload"
@@ -153,17 +153,6 @@ def die_with_the_launcher(launcher_gone: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os.kill(me, signal.SIGKILL)
-
-
-def descendants(pid: int) -> list[int]:
-    table = live_processes()
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, (ppid, _) in table.items() if ppid == parent]
-        found += children
-        frontier += children
-    return found
 
 
 def connect(path: str, timeout: float = READY_TIMEOUT) -> socket.socket | None:
