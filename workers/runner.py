@@ -52,6 +52,14 @@ class PipelineStage:
     stage: Stage
     run: Callable[["JobContext"], None]
     when: Callable[[dict[str, Any]], bool] = lambda spec: True  # does the job need it?
+    vllm_servers: int = 0  # the vLLM servers it starts (on the local runtime, see preloads)
+
+
+def preloads(stages: list[PipelineStage], spec: dict[str, Any]) -> bool:
+    """Whether the job's stages start more than one vLLM server: only then does importing vLLM
+    once for them (the local runtime's preloader) pay for itself. A single server starts sooner
+    on its own, and the preloader would hold its memory through training."""
+    return sum(stage.vllm_servers for stage in stages if stage.when(spec)) > 1
 
 
 @dataclass
@@ -67,7 +75,7 @@ class JobContext:
     plan: Plan | None = None  # set once the verifier server's port is known
     verifier_server: ManagedProcess | None = None  # the hidden-states server, while it runs
     # The local runtime's vLLM servers forked from one import per job (preload.py): set for
-    # pipeline jobs, which start several; a deployment starts one.
+    # pipeline jobs that start several (``preloads``); a deployment starts one.
     preload_vllm: bool = False
     _preloader: tuple[ManagedProcess, str] | None = None  # the process, its socket's path
     _preload_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -267,10 +275,11 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
     heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
                           lease_seconds=settings.lease_seconds)
     with heartbeat:
+        stages = load_pipeline(settings.pipeline)
         ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat,
-                         preload_vllm=settings.vllm_preload)
+                         preload_vllm=settings.vllm_preload and preloads(stages, spec))
         try:
-            outcome = _run_stages(ctx, settings)
+            outcome = _run_stages(ctx, stages)
         finally:
             ctx.close()
         if outcome is None:
@@ -283,10 +292,11 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
         _finish(lease, settings, to, **kwargs)
 
 
-def _run_stages(ctx: JobContext, settings: Settings) -> tuple[JobStatus, dict[str, Any]] | None:
+def _run_stages(ctx: JobContext, stages: list[PipelineStage]
+                ) -> tuple[JobStatus, dict[str, Any]] | None:
     """Run every stage; return the status the job ends in (None: the lease is no longer ours)."""
     try:
-        for stage in load_pipeline(settings.pipeline):
+        for stage in stages:
             if not stage.when(ctx.spec):
                 continue
             ctx.check()

@@ -138,3 +138,18 @@ def test_the_launcher_does_not_pass_the_socket_on(preloader, tmp_path):
     assert started(proc)["env"] == "None"
     proc.terminate()
     proc.wait(10)
+
+
+def test_only_jobs_that_start_several_vllm_servers_preload() -> None:
+    """The hidden-states server alone starts sooner without a preloader; evaluation or
+    regeneration adds servers, and then the preloader pays for itself."""
+    from workers.pipeline import PIPELINE
+    from workers.runner import preloads
+
+    speculator = {"total_seq_len": 512}
+    assert preloads(PIPELINE, {"speculator": speculator})  # evaluated (the default)
+    assert not preloads(PIPELINE, {"speculator": speculator, "evaluate": False})
+    assert preloads(PIPELINE, {"speculator": speculator, "evaluate": False,
+                               "data": {"regenerate": True}})
+    assert not preloads(PIPELINE, {"speculator": speculator, "evaluate": False,
+                                   "publish": "org/name", "deploy": {"name": "d"}})
