@@ -44,7 +44,7 @@ FAST_WORKER_ENV = {
 # --- no process outlives its owner -------------------------------------------------------------
 
 def xdist_worker(config: pytest.Config) -> bool:
-    """A pytest-xdist worker (``make test`` runs two): the controlling pytest owns the session,
+    """A pytest-xdist worker (docs/testing.md): the controlling pytest owns the session,
     so its processes carry the controller's session mark, and the controller checks them."""
     return hasattr(config, "workerinput")
 
