@@ -92,8 +92,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def directory(item: pytest.Item) -> str:
         return item.path.parent.name
 
-    items.sort(key=lambda item: ORDER.index(directory(item)) if directory(item) in ORDER
-               else len(ORDER))
+    # Within a directory, the tests that serve the session's demo drafter after the one that
+    # trains it (tests/e2e/conftest.py, DemoDrafter).
+    items.sort(key=lambda item: (ORDER.index(directory(item)) if directory(item) in ORDER
+                                 else len(ORDER), item.get_closest_marker("uses_demo_drafter")
+                                 is not None))
     for item in items:
         if directory(item) == "local_runtime":
             group = "local_runtime"

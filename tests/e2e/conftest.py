@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import Api, Stack
-
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -50,3 +50,35 @@ def small_demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
     """A third of the demo conversations: the same pipeline in a third of the time, for tests
     of how a job is stopped, resumed, gated or published, not of how well its drafter drafts."""
     return upload_demo(pg_stack, pg_api, demo_assets, conversations=80)
+
+
+class DemoDrafter:
+    """The demo drafter, trained once a session. tests/e2e/test_serving.py trains it (a demo
+    job, asserted whole) and keeps a copy here; a test that only needs "a trained drafter" and
+    carries the ``uses_demo_drafter`` mark runs after it (tests/conftest.py orders them) and
+    serves that copy instead of training its own. Run without it (alone, or on another xdist
+    worker), such a test trains its own."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.kept: Path | None = None
+
+    def keep(self, checkpoint: str | Path) -> None:
+        if self.kept is None:
+            self.kept = Path(shutil.copytree(checkpoint, self.root / "demo-drafter"))
+
+    def copy_for(self, verifier: Path, out: Path) -> Path | None:
+        """A copy of the kept drafter whose config names ``verifier`` (a copy of the same demo
+        verifier); None when none was kept."""
+        if self.kept is None:
+            return None
+        shutil.copytree(self.kept, out, dirs_exist_ok=True)
+        config = json.loads((out / "config.json").read_text())
+        config["speculators_config"]["verifier"]["name_or_path"] = str(verifier)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        return out
+
+
+@pytest.fixture(scope="session")
+def demo_drafter(tmp_path_factory: pytest.TempPathFactory) -> DemoDrafter:
+    return DemoDrafter(tmp_path_factory.mktemp("session-drafter"))

@@ -6,9 +6,10 @@ before its first byte is retried on the other replica, a refused one goes there 
 stream on the killed engine ends with an OpenAI-shaped error event and the other stream goes
 on; the replica restarts and takes traffic again; a promotion under load switches both
 replicas' engines with no request failing; scaled back to one, its engine stops. The deployment
-serves the demo drafter, trained by a demo job on these workers (no evaluation: what it accepts
-is asserted from both engines' own counters); the promotion switches to an untrained DFlash
-drafter (made in seconds)."""
+serves the demo drafter that tests/e2e/test_serving.py trained in this session (or, run without
+it, one trained by a demo job on these workers, without the evaluation): what it accepts is
+asserted from both engines' own counters. The promotion switches to an untrained DFlash drafter
+(made in seconds)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import openai
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.e2e.conftest import job_processes
+from tests.e2e.conftest import DemoDrafter, job_processes
 from tests.e2e.test_live_acceptance import LIVE_ENV
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, submit
 from tests.e2e.test_promotion import engine_drafters
@@ -33,21 +34,21 @@ from tests.e2e.test_serving import PROMPTS, counters, deploy, gateway, running  
 from tests.support.drafters import write_untrained_drafter
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.uses_demo_drafter, pytest.mark.timeout(1800)]
 NAME = "demo-replicas"
 CHAT_TOKENS = 16
 
 
-def untrained_checkpoint(api: Api, verifier: str, drafter: Path) -> str:
-    """A checkpoint row for an untrained drafter on disk, as if a job of this project had
-    trained it for ``verifier`` (promotions switch between checkpoints). The job row is written
-    as ended, so that no worker ever runs it."""
+def checkpoint_row(api: Api, verifier: str, drafter: Path, name: str) -> str:
+    """A checkpoint row for a drafter on disk, as if a job of this project had trained it for
+    ``verifier`` (deployments and promotions take checkpoints). The job row is written as
+    ended, so that no worker ever runs it."""
     from app.db import session_scope
     from app.db.models import Checkpoint, Job
 
     project_id = api.get("/api/me").json()["project"]["id"]
     with session_scope() as session:
-        job = Job(project_id=project_id, status="succeeded", name="an untrained drafter",
+        job = Job(project_id=project_id, status="succeeded", name=name,
                   spec={"verifier_info": {"reference": verifier}})
         session.add(job)
         session.flush()
@@ -57,15 +58,21 @@ def untrained_checkpoint(api: Api, verifier: str, drafter: Path) -> str:
         return row.id
 
 
-def trained_demo_drafter(api: Api, demo: dict[str, str]) -> dict[str, Any]:
-    """The demo drafter: a demo job of two epochs, trained on the running workers without the
-    served evaluation. Returns its best checkpoint."""
+def trained_demo_drafter(api: Api, stack: Stack, demo: dict[str, str],
+                         session: DemoDrafter) -> str:
+    """The demo drafter's checkpoint: the session's (trained by tests/e2e/test_serving.py), or
+    when there is none a demo job of two epochs, trained on the running workers without the
+    served evaluation."""
+    verifier = (stack.models_root / demo["verifier"]).resolve()
+    kept = session.copy_for(verifier, stack.models_root / "demo-drafter")
+    if kept is not None:
+        return checkpoint_row(api, str(verifier), kept, "the session's demo drafter")
     job = submit(api, demo, epochs=2, evaluate=False)
     done = api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=900)
     assert done["status"] == "succeeded", (done, api.get(f"/api/jobs/{job['id']}/logs").text)
     checkpoints = api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
     [best] = [c for c in checkpoints if c["is_best"]]
-    return best
+    return best["id"]
 
 
 def replica_rows(deployment_id: str) -> dict[int, dict[str, Any]]:
@@ -157,18 +164,19 @@ class LongStream(threading.Thread):
 
 
 def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
-        pg_api: Api, pg_stack: Stack, gateway, demo: dict[str, str]) -> None:  # noqa: F811
+        pg_api: Api, pg_stack: Stack, gateway, demo: dict[str, str],  # noqa: F811
+        demo_drafter: DemoDrafter) -> None:
     verifier = (pg_stack.models_root / "demo").resolve()
     for name in ("replica-a", "replica-b"):
         # The drain grace covers a request routed to an old engine just before the route
         # cache saw the switch: generous on a busy machine.
         pg_stack.start_worker(name, **REAL_PIPELINE, **LIVE_ENV,
                               SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
-    trained = trained_demo_drafter(pg_api, demo)
+    trained = trained_demo_drafter(pg_api, pg_stack, demo, demo_drafter)
     untrained = write_untrained_drafter(verifier, pg_stack.models_root / "untrained",
                                         block_size=CPU_SPECULATOR["block_size"])
-    b = untrained_checkpoint(pg_api, str(verifier), untrained)
-    created = deploy(pg_api, {"name": NAME, "checkpoint_id": trained["id"], "runtime": "local",
+    b = checkpoint_row(pg_api, str(verifier), untrained, "an untrained drafter")
+    created = deploy(pg_api, {"name": NAME, "checkpoint_id": trained, "runtime": "local",
                               "replicas": 2})
     assert created["status"] == "ready", created
     dep_id, path = created["id"], f"/api/deployments/{created['id']}"

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.e2e.conftest import job_processes
+from tests.e2e.conftest import DemoDrafter, job_processes
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, assert_demo_job, submit
 from tests.support.waiting import wait_for
 from tests.support.api_server import start_api, stop_api
@@ -113,7 +113,8 @@ def deploy(api: Api, body: dict) -> dict:
 
 def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack, demo, gateway,
                                                    demo_assets, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   demo_drafter: DemoDrafter) -> None:
     from huggingface_hub import constants
 
     hub_cache = tmp_path / "hub"  # where huggingface_hub finds Hub drafters (offline here)
@@ -149,6 +150,7 @@ def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack,
                 - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
     assert drafts > 0
     assert 1 + accepted / drafts > 1.0, (accepted, drafts)
+    demo_drafter.keep(best["path"])  # the session's demo drafter, for tests that serve one
     # Usage is written in batches (SPECDECK_GATEWAY_USAGE_FLUSH_SECONDS): wait for the flush.
     wait_for(lambda: (pg_stack.scalar("SELECT sum(completion_tokens) FROM usage") or 0) > 0, 60,
              "the usage rows")
