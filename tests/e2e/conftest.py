@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import Api, Stack
 
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
