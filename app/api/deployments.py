@@ -97,8 +97,8 @@ def promote(deployment_id: str, body: PromoteRequest, key: CurrentKey,
     in-flight requests and stops. A new engine that fails leaves the old one serving. Accepted:
     follow the promotion (GET .../promotions) or the deployment's events."""
     deployment = service.get_deployment(session, key.project_id, deployment_id)
-    return PromotionOut.model_validate(
-        promotions.request_promotion(session, deployment, body.checkpoint_id), from_attributes=True)
+    promotion = promotions.request_promotion(session, deployment, body.checkpoint_id)
+    return promotions.promotion_views(session, [promotion])[0]
 
 
 @router.post("/{deployment_id}/rollback", status_code=202, response_model=PromotionOut,
@@ -107,8 +107,8 @@ def rollback(deployment_id: str, key: CurrentKey, session: SessionDep) -> Promot
     """Back to the drafter served before the current one, switched the same way as a promotion
     (no downtime). 409 when the deployment has served only one drafter."""
     deployment = service.get_deployment(session, key.project_id, deployment_id)
-    return PromotionOut.model_validate(promotions.request_rollback(session, deployment),
-                                       from_attributes=True)
+    promotion = promotions.request_rollback(session, deployment)
+    return promotions.promotion_views(session, [promotion])[0]
 
 
 @router.get("/{deployment_id}/promotions", response_model=Page[PromotionOut],
@@ -120,8 +120,8 @@ def list_promotions(deployment_id: str, key: CurrentKey, session: SessionDep,
     """Its promotions and rollbacks, newest first: the history of its drafters."""
     deployment = service.get_deployment(session, key.project_id, deployment_id)
     rows, has_more = promotions.list_promotions(session, deployment, limit=limit, after=after)
-    return Page(data=[PromotionOut.model_validate(p, from_attributes=True) for p in rows],
-                has_more=has_more, last_id=rows[-1].id if rows else None)
+    return Page(data=promotions.promotion_views(session, rows), has_more=has_more,
+                last_id=rows[-1].id if rows else None)
 
 
 @router.post("/{deployment_id}/retrain", status_code=201, response_model=JobOut,

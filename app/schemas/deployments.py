@@ -122,18 +122,33 @@ class PromoteRequest(Strict):
     checkpoint_id: str = Field(pattern=CHECKPOINT_ID)
 
 
+PromotionStep = Literal["pending", "starting", "draining", "succeeded", "failed"]
+
+
+class ReplicaPromotionOut(BaseModel):
+    """One replica's switch: each replica's worker starts its new engine, switches its route
+    and drains its old engine on its own."""
+
+    replica: int
+    status: PromotionStep
+    status_reason: str | None
+    finished_at: datetime | None
+
+
 class PromotionOut(BaseModel):
     """A switch of a deployment's drafter without downtime. Steps: ``pending`` (the worker
     picks it up), ``starting`` (the new engine starts beside the old one), ``draining`` (the
     route points at the new engine; the old one finishes its requests), ``succeeded`` (the old
     engine stopped), or ``failed`` (the new engine never became ready: the old one serves on).
-    The deployment stays ``ready`` throughout."""
+    The deployment stays ``ready`` throughout. With replicas, every serving replica switches
+    (``replicas``), and ``status`` is the whole switch's: the least advanced step while any
+    replica's is under way, ``succeeded`` once every replica's did, else ``failed``."""
 
     object: Literal["specdeck.promotion"] = "specdeck.promotion"
     id: str
     deployment_id: str
     kind: Literal["promote", "rollback"]
-    status: Literal["pending", "starting", "draining", "succeeded", "failed"]
+    status: PromotionStep
     status_reason: str | None
     target: dict[str, Any] = Field(description="The drafter switched to: source, drafter, "
                                    "block_size, num_speculative_tokens")
@@ -142,7 +157,10 @@ class PromotionOut(BaseModel):
     job_id: str | None = Field(description="The job whose \"deploy\" option asked for it")
     created_at: datetime
     updated_at: datetime
-    finished_at: datetime | None
+    finished_at: datetime | None = Field(description="When the last replica's switch ended")
+    replicas: list[ReplicaPromotionOut] = Field(description=(
+        "Each replica's step: replica 0 (the deployment's own) and every replica that was "
+        "serving when it was asked (one that starts later starts with the new drafter)"))
 
 
 class RetrainSpeculator(Strict):

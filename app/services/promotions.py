@@ -18,9 +18,10 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Allocation, Deployment, Promotion, Worker
 from app.errors import APIError
+from app.schemas.deployments import PromotionOut, ReplicaPromotionOut
 from app.services.checkpoints import checkpoint_drafter
 from app.services.paging import newest_first
-from app.services.replicas import replica_rows
+from app.services.replicas import all_rows, replica_rows
 from app.services.scheduling import free_units
 from app.services.state import (
     PROMOTION_ACTIVE,
@@ -62,8 +63,9 @@ def checkpoint_target(session: Session, deployment: Deployment, checkpoint_id: s
 
 
 def _active(session: Session, deployment: Deployment) -> Promotion | None:
+    """A switch under way on any of its replicas."""
     return session.scalars(select(Promotion).where(
-        Promotion.deployment_id == deployment.id,
+        Promotion.deployment_id.in_([row.id for row in all_rows(deployment)]),
         Promotion.status.in_([s.value for s in PROMOTION_ACTIVE]))).first()
 
 
@@ -76,23 +78,25 @@ def _request(session: Session, deployment: Deployment, kind: str, target: dict[s
     session.execute(select(Deployment.id).where(Deployment.id == deployment.id).with_for_update())
     active = _active(session, deployment)
     if active is not None:
-        raise APIError(409, f"promotion {active.id} of deployment {deployment.id} is "
-                       f"{active.status}; wait until it ends", code="promotion_in_progress")
+        raise APIError(409, f"promotion {active.promotion_of or active.id} of deployment "
+                       f"{deployment.id} is {active.status}; wait until it ends",
+                       code="promotion_in_progress")
     promotion = _pending(session, deployment, kind, target, job_id)
-    # Every replica switches the same way, each by its own worker; one that has not started
-    # yet starts with the new drafter.
+    # Every replica switches the same way, each by its own worker (a row of its own, naming
+    # this one); one that has not started yet starts with the new drafter.
     for replica in replica_rows(deployment):
         if replica.status in SERVING:
-            _pending(session, replica, kind, target, job_id)
+            _pending(session, replica, kind, target, job_id, of=promotion)
         elif replica.status == DeploymentStatus.PENDING.value:
             replica.spec = {**replica.spec, **target}
     return promotion
 
 
 def _pending(session: Session, deployment: Deployment, kind: str, target: dict[str, Any],
-             job_id: str | None) -> Promotion:
+             job_id: str | None, of: Promotion | None = None) -> Promotion:
     promotion = Promotion(deployment_id=deployment.id, kind=kind, target=target, job_id=job_id,
-                          status=PromotionStatus.PENDING.value)
+                          status=PromotionStatus.PENDING.value,
+                          promotion_of=of.id if of is not None else None)
     session.add(promotion)
     session.flush()
     what = "roll back to" if kind == "rollback" else "promote"
@@ -128,6 +132,46 @@ def list_promotions(session: Session, deployment: Deployment, *, limit: int,
                     after: str | None) -> tuple[list[Promotion], bool]:
     return newest_first(session, select(Promotion).where(Promotion.deployment_id == deployment.id),
                         Promotion.id, limit=limit, after=after)
+
+
+# The steps under way, least advanced first: a switch is as far as its slowest replica.
+UNDER_WAY = (PromotionStatus.PENDING.value, PromotionStatus.STARTING.value,
+             PromotionStatus.DRAINING.value)
+
+
+def promotion_views(session: Session, rows: list[Promotion]) -> list[PromotionOut]:
+    """The deployment's promotions as the API shows them: each with its replicas' steps
+    (one query for all of them) and the whole switch's step."""
+    steps: dict[str, list[tuple[int, Promotion]]] = {row.id: [(0, row)] for row in rows}
+    if rows:
+        for child, replica in session.execute(
+                select(Promotion, Deployment.replica)
+                .join(Deployment, Deployment.id == Promotion.deployment_id)
+                .where(Promotion.promotion_of.in_(list(steps)))):
+            steps[child.promotion_of].append((replica, child))
+    return [_view(row, sorted(steps[row.id], key=lambda step: step[0])) for row in rows]
+
+
+def _view(row: Promotion, steps: list[tuple[int, Promotion]]) -> PromotionOut:
+    replicas = [ReplicaPromotionOut(replica=replica, status=step.status,
+                                    status_reason=step.status_reason,
+                                    finished_at=step.finished_at) for replica, step in steps]
+    under_way = [step for step in replicas if step.status in UNDER_WAY]
+    failed = [step for step in replicas if step.status == PromotionStatus.FAILED.value]
+    if under_way:
+        shown = min(under_way, key=lambda step: UNDER_WAY.index(step.status))
+    else:
+        shown = failed[0] if failed else replicas[0]
+    reason = shown.status_reason
+    if reason and len(replicas) > 1:
+        reason = f"replica {shown.replica}: {reason}"
+    ended = [step.finished_at for step in replicas if step.finished_at is not None]
+    return PromotionOut(id=row.id, deployment_id=row.deployment_id, kind=row.kind,
+                        status=shown.status, status_reason=reason, target=row.target,
+                        previous=row.previous, job_id=row.job_id, created_at=row.created_at,
+                        updated_at=max(step.updated_at for _, step in steps),
+                        finished_at=None if under_way or not ended else max(ended),
+                        replicas=replicas)
 
 
 # The worker's side ------------------------------------------------------------------------------

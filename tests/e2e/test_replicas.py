@@ -259,6 +259,8 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     promotion = wait_for(lambda: (p := pg_api.get(f"{path}/promotions").json()["data"][0])
                          ["status"] in ("succeeded", "failed") and p, 60, "the promotion's end")
     assert promotion["id"] == promoted.json()["id"] and promotion["status"] == "succeeded"
+    assert [(r["replica"], r["status"]) for r in promotion["replicas"]] == [(0, "succeeded"),
+                                                                             (1, "succeeded")]
 
     # 5. Scaled back to one replica: its engine stops; the deployment serves on.
     scaled = pg_api.patch(path, json={"replicas": 1})

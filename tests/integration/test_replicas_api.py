@@ -175,11 +175,78 @@ def test_a_promotion_is_asked_of_every_serving_replica(api: Api, stack: Stack, j
         asked = {p.deployment_id: p for p in session.scalars(select(Promotion))}
         assert set(asked) == {deployment["id"], replicas[1].id}
         assert asked[replicas[1].id].target == asked[deployment["id"]].target
+        assert asked[replicas[1].id].promotion_of == promoted.json()["id"]
         # The one not started yet starts with the new drafter.
         assert replicas[2].spec["drafter"] == asked[deployment["id"]].target["drafter"]
-    # The deployment's history shows its own promotion, once.
-    assert [p["id"] for p in api.get(f"/api/deployments/{deployment['id']}/promotions")
-            .json()["data"]] == [promoted.json()["id"]]
+    # The deployment's history shows its own promotion, once, with each replica's step.
+    [shown] = api.get(f"/api/deployments/{deployment['id']}/promotions").json()["data"]
+    assert shown["id"] == promoted.json()["id"] and shown["status"] == "pending"
+    assert [(r["replica"], r["status"]) for r in shown["replicas"]] == [(0, "pending"),
+                                                                         (1, "pending")]
+    assert promoted.json()["replicas"] == shown["replicas"]
+
+
+def move_steps(deployment_id: str, steps: dict[int, tuple[str, str | None]]) -> None:
+    """Put each replica's switch at a step (and reason), as its worker would have moved it."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.db.models import Deployment, Promotion, utcnow
+
+    with session_scope() as session:
+        for promotion, replica in session.execute(
+                select(Promotion, Deployment.replica).join(
+                    Deployment, Deployment.id == Promotion.deployment_id).where(
+                    (Deployment.id == deployment_id) | (Deployment.replica_of == deployment_id))):
+            status, reason = steps[replica]
+            promotion.status, promotion.status_reason = status, reason
+            promotion.finished_at = utcnow() if status in ("succeeded", "failed") else None
+
+
+def test_a_promotion_is_as_far_as_its_slowest_replica(api: Api, stack: Stack, job_body) -> None:
+    """The whole switch's step: the least advanced while any replica's is under way (and no
+    other switch may start), succeeded once every replica's did, failed (saying which replica)
+    if one's failed."""
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.db.models import Deployment
+
+    _, first = make_checkpoint(api, stack, job_body)
+    _, second = make_checkpoint(api, stack, job_body)
+    _, third = make_checkpoint(api, stack, job_body)
+    deployment = api.post("/api/deployments", json={"name": "fast", "checkpoint_id": first,
+                                                    "replicas": 2}).json()
+    path = f"/api/deployments/{deployment['id']}"
+    with session_scope() as session:
+        session.execute(update(Deployment).where(
+            (Deployment.id == deployment["id"]) | (Deployment.replica_of == deployment["id"]))
+            .values(status="ready"))
+    promoted = api.post(f"{path}/promote", json={"checkpoint_id": second})
+    assert promoted.status_code == 202, promoted.text
+
+    def shown() -> dict:
+        [promotion] = api.get(f"{path}/promotions").json()["data"]
+        return promotion
+
+    move_steps(deployment["id"], {0: ("draining", None), 1: ("starting", None)})
+    assert (shown()["status"], shown()["finished_at"]) == ("starting", None)
+    # Replica 0 is done, replica 1 still switching: no other switch may start yet.
+    move_steps(deployment["id"], {0: ("succeeded", None), 1: ("draining", None)})
+    assert shown()["status"] == "draining"
+    refused = assert_error(api.post(f"{path}/promote", json={"checkpoint_id": third}), 409,
+                           "promotion_in_progress")
+    assert promoted.json()["id"] in refused["message"]
+
+    move_steps(deployment["id"], {0: ("succeeded", None), 1: ("succeeded", None)})
+    done = shown()
+    assert done["status"] == "succeeded" and done["finished_at"] is not None
+    assert [r["status"] for r in done["replicas"]] == ["succeeded", "succeeded"]
+
+    move_steps(deployment["id"], {0: ("succeeded", None), 1: ("failed", "the engine exited")})
+    failed = shown()
+    assert (failed["status"], failed["status_reason"]) == ("failed",
+                                                           "replica 1: the engine exited")
 
 
 def test_a_deployment_whose_own_row_fails_stops_its_other_replicas(api: Api, stack: Stack) -> None:

@@ -2012,7 +2012,9 @@ export interface components {
          *     picks it up), ``starting`` (the new engine starts beside the old one), ``draining`` (the
          *     route points at the new engine; the old one finishes its requests), ``succeeded`` (the old
          *     engine stopped), or ``failed`` (the new engine never became ready: the old one serves on).
-         *     The deployment stays ``ready`` throughout.
+         *     The deployment stays ``ready`` throughout. With replicas, every serving replica switches
+         *     (``replicas``), and ``status`` is the whole switch's: the least advanced step while any
+         *     replica's is under way, ``succeeded`` once every replica's did, else ``failed``.
          */
         PromotionOut: {
             /**
@@ -2066,8 +2068,16 @@ export interface components {
              * Format: date-time
              */
             updated_at: string;
-            /** Finished At */
+            /**
+             * Finished At
+             * @description When the last replica's switch ended
+             */
             finished_at: string | null;
+            /**
+             * Replicas
+             * @description Each replica's step: replica 0 (the deployment's own) and every replica that was serving when it was asked (one that starts later starts with the new drafter)
+             */
+            replicas: components["schemas"]["ReplicaPromotionOut"][];
         };
         /** PublishRequest */
         PublishRequest: {
@@ -2098,6 +2108,24 @@ export interface components {
             drafter: string;
             /** Started At */
             started_at: string | null;
+        };
+        /**
+         * ReplicaPromotionOut
+         * @description One replica's switch: each replica's worker starts its new engine, switches its route
+         *     and drains its old engine on its own.
+         */
+        ReplicaPromotionOut: {
+            /** Replica */
+            replica: number;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "pending" | "starting" | "draining" | "succeeded" | "failed";
+            /** Status Reason */
+            status_reason: string | null;
+            /** Finished At */
+            finished_at: string | null;
         };
         /** Resources */
         Resources: {

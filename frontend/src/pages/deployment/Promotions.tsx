@@ -1,6 +1,7 @@
 // The deployment's drafters over time (GET .../promotions, newest first): each promotion and
-// rollback, from which drafter to which, its step and outcome. Promote (to a checkpoint), Roll
-// back (to the drafter served before) and Retrain (a job on the captured traffic) start here.
+// rollback, from which drafter to which, its step and outcome (with replicas, each one's too).
+// Promote (to a checkpoint), Roll back (to the drafter served before) and Retrain (a job on the
+// captured traffic) start here.
 import { useState } from "react";
 import { Link } from "react-router-dom";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
@@ -52,7 +53,12 @@ function DrafterRef({ drafter }: { drafter: Record<string, unknown> | null | und
 
 function Step({ promotion }: { promotion: Promotion }) {
   if (promotion.status === "failed")
-    return <div className="field-error">{promotion.status_reason ?? "failed"}; the previous drafter serves on</div>;
+    return (
+      <div className="field-error">
+        {promotion.status_reason ?? "failed"};{" "}
+        {promotion.replicas.length > 1 ? "a replica that failed serves its previous drafter on" : "the previous drafter serves on"}
+      </div>
+    );
   if (promotion.status === "succeeded")
     return (
       <div className="dim small">
@@ -64,6 +70,20 @@ function Step({ promotion }: { promotion: Promotion }) {
       step {STEPS.indexOf(promotion.status) + 1} of {STEPS.length}
       {promotion.status_reason && `: ${promotion.status_reason}`}
     </div>
+  );
+}
+
+/** With replicas, each one's switch: they start, switch and drain on their own workers. */
+function ReplicaSteps({ promotion }: { promotion: Promotion }) {
+  if (promotion.replicas.length < 2) return null;
+  return (
+    <ul className="replica-steps" aria-label="Each replica's step">
+      {promotion.replicas.map((step) => (
+        <li key={step.replica} title={step.status_reason ?? undefined}>
+          <span className="dim small">replica {step.replica}</span> <StatusBadge status={step.status} />
+        </li>
+      ))}
+    </ul>
   );
 }
 
@@ -94,6 +114,7 @@ function Row({ promotion }: { promotion: Promotion }) {
       <td>
         <StatusBadge status={promotion.status} />
         <Step promotion={promotion} />
+        <ReplicaSteps promotion={promotion} />
       </td>
     </tr>
   );
