@@ -56,7 +56,7 @@ function Step({ promotion }: { promotion: Promotion }) {
     return (
       <div className="field-error">
         {promotion.status_reason ?? "failed"};{" "}
-        {promotion.replicas.length > 1 ? "a replica that failed serves its previous drafter on" : "the previous drafter serves on"}
+        {promotion.replicas.length > 1 ? "that replica serves its previous drafter on" : "the previous drafter serves on"}
       </div>
     );
   if (promotion.status === "succeeded")
