@@ -272,7 +272,7 @@ class Promotion(Base):
     job_id: Mapped[str | None] = mapped_column(String(40))  # the job whose "deploy" asked for it
     # With replicas, each replica past 0 switches by a row of its own on its own deployments
     # row, naming the deployment's row (replica 0's) here; the API shows the deployment's row
-    # with its replicas' steps (app.services.promotions.promotion_view).
+    # with its replicas' steps (app.services.promotions.promotion_views).
     promotion_of: Mapped[str | None] = mapped_column(
         ForeignKey("promotions.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
