@@ -135,8 +135,7 @@ def list_promotions(session: Session, deployment: Deployment, *, limit: int,
 
 
 # The steps under way, least advanced first: a switch is as far as its slowest replica.
-UNDER_WAY = (PromotionStatus.PENDING.value, PromotionStatus.STARTING.value,
-             PromotionStatus.DRAINING.value)
+UNDER_WAY = tuple(step.value for step in PromotionStatus if step in PROMOTION_ACTIVE)
 
 
 def promotion_views(session: Session, rows: list[Promotion]) -> list[PromotionOut]:
