@@ -194,8 +194,12 @@ class Reconciler(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        while not self.stopped.wait(self.settings.reconcile_seconds):
+        # The first round at once: a job created while this worker was starting (no worker had
+        # a free slot when it was created) is placed now, not one interval later.
+        while True:
             try:
                 reconcile_once(self.settings, self.worker_id, self.host)
             except Exception:  # the database may blip; the next round tries again
                 log.exception("reconcile round failed")
+            if self.stopped.wait(self.settings.reconcile_seconds):
+                return

@@ -92,6 +92,18 @@ def test_no_gpu_worker_means_gpu_jobs_wait(pg_api: Api, pg_job_body, pg_stack: S
              "waiting for 2 free GPUs on one worker: the largest worker online has 0", 60, "reason")
 
 
+def test_a_job_created_before_any_worker_starts_when_the_first_comes_online(
+        pg_api: Api, pg_job_body, pg_stack: Stack) -> None:
+    """The worker's first reconcile round runs as it comes online: with rounds ten minutes
+    apart, the job that waited for it is placed by that first round (before, it waited one
+    interval: 5 s by default, in `specdeck run` right after the README's curl)."""
+    job = pg_api.post("/api/jobs", json=pg_job_body(metadata={"test_seconds": "0"})).json()
+    assert job["status_reason"] == "waiting for a worker to come online"
+    pg_stack.start_worker("late", SPECDECK_RECONCILE_SECONDS="600")
+    done = pg_api.wait_status(job["id"], {"succeeded", "failed"}, timeout=120)
+    assert done["status"] == "succeeded", done
+
+
 def test_allocations_are_freed_after_a_worker_crash(pg_api: Api, pg_job_body, pg_stack: Stack,
                                                     tmp_path: Path) -> None:
     first = pg_stack.start_worker("crashy", SPECDECK_WORKER_GPUS="0,1,2,3")
