@@ -12,7 +12,8 @@ from app.schemas.common import Strict
 
 
 WebhookEvent = Literal["job.succeeded", "job.failed", "job.cancelled", "checkpoint.published",
-                      "deployment.ready", "deployment.failed", "deployment.acceptance_dropped"]
+                      "deployment.ready", "deployment.failed", "deployment.acceptance_dropped",
+                      "deployment.promotion_succeeded", "deployment.promotion_failed"]
 EVENTS: tuple[str, ...] = get_args(WebhookEvent)
 
 # Sent by POST /api/webhooks/{id}/test only, whatever the webhook subscribes to.

@@ -23,6 +23,7 @@ from app.services.checkpoints import checkpoint_drafter
 from app.services.paging import newest_first
 from app.services.replicas import all_rows, replica_rows
 from app.services.scheduling import free_units
+from app.services.webhooks import enqueue
 from app.services.state import (
     PROMOTION_ACTIVE,
     DeploymentStatus,
@@ -146,7 +147,8 @@ def promotion_views(session: Session, rows: list[Promotion]) -> list[PromotionOu
         for child, replica in session.execute(
                 select(Promotion, Deployment.replica)
                 .join(Deployment, Deployment.id == Promotion.deployment_id)
-                .where(Promotion.promotion_of.in_(list(steps)))):
+                .where(Promotion.promotion_of.in_(list(steps)))
+                .execution_options(populate_existing=True)):
             steps[child.promotion_of].append((replica, child))
     return [_view(row, sorted(steps[row.id], key=lambda step: step[0])) for row in rows]
 
@@ -171,6 +173,28 @@ def _view(row: Promotion, steps: list[tuple[int, Promotion]]) -> PromotionOut:
                         updated_at=max(step.updated_at for _, step in steps),
                         finished_at=None if under_way or not ended else max(ended),
                         replicas=replicas)
+
+
+def announce_if_ended(session: Session, promotion: Promotion) -> None:
+    """Once the last replica's step of a switch has ended, the whole switch's webhook event
+    (``deployment.promotion_succeeded`` or ``..._failed``, with the deployment and the
+    promotion as the API shows them), in the caller's transaction (``move_promotion``).
+
+    Sent once, however close together the replicas end: the deployment's promotion row is
+    locked first, so of two replicas' last steps written at once the second one's transaction
+    reads the rows after the first one's committed (on Postgres, FOR UPDATE; on SQLite the
+    step's UPDATE already holds the database's write lock)."""
+    head = session.scalars(select(Promotion).where(
+        Promotion.id == (promotion.promotion_of or promotion.id))
+        .with_for_update().execution_options(populate_existing=True)).one()
+    steps = session.scalars(select(Promotion.status).where(
+        Promotion.promotion_of == head.id)).all()
+    if any(status in UNDER_WAY for status in (head.status, *steps)):
+        return
+    [view] = promotion_views(session, [head])
+    deployment = session.get(Deployment, head.deployment_id)
+    enqueue(session, deployment.project_id, f"deployment.promotion_{view.status}", deployment,
+            {"promotion": view.model_dump(mode="json")})
 
 
 # The worker's side ------------------------------------------------------------------------------

@@ -244,3 +244,7 @@ def move_promotion(session: Session, promotion: Promotion, deployment: Deploymen
     record_event(session, deployment, "promotion", message,
                  {"promotion": promotion.id, "kind": promotion.kind, "step": to.value, **(data or {})})
     session.flush()
+    if not PROMOTION_TRANSITIONS[to]:
+        from app.services.promotions import announce_if_ended  # it imports this module
+
+        announce_if_ended(session, promotion)

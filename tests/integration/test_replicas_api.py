@@ -6,6 +6,8 @@ tests/integration/test_gateway_replicas.py and, on real engines, tests/e2e/test_
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
 from datetime import timedelta
 
@@ -15,6 +17,7 @@ from tests.conftest import Api, Stack
 from tests.integration.test_promotions_api import make_checkpoint
 from tests.integration.test_scheduling import local_deployment
 from tests.support.errors import assert_error
+from tests.support.webhook_receiver import webhook_env  # noqa: F401 (fixture)
 
 
 def add_worker(name: str, host: str, serving_slots: int = 2) -> None:
@@ -280,3 +283,86 @@ def test_a_deployment_whose_own_row_fails_stops_its_other_replicas(api: Api, sta
     events = api.get(f"/api/deployments/{deployment['id']}/events").json()["data"]
     assert any(e["replica"] == 2 and e["status"] == "stopping" and e["message"] == (
         f"deployment {deployment['id']} failed: gave up after 5 restarts") for e in events), events
+
+
+def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
+        api: Api, stack: Stack, job_body, webhook_env) -> None:  # noqa: F811
+    """``deployment.promotion_succeeded`` (or ``..._failed``) is written once, when the last
+    replica's step ends: here both replicas' last steps are written at the same moment, from
+    two threads behind a barrier, on both databases."""
+    from sqlalchemy import select, update
+
+    from app.db import session_scope
+    from app.db.models import Deployment, Promotion, WebhookDelivery
+    from app.services.state import PromotionStatus, move_promotion
+
+    webhook = api.post("/api/webhooks", json={
+        "url": "http://127.0.0.1:9/hook",  # allowed by name (webhook_env); nothing is sent
+        "events": ["deployment.promotion_succeeded", "deployment.promotion_failed"]})
+    assert webhook.status_code == 201, webhook.text
+    checkpoints = [make_checkpoint(api, stack, job_body)[1] for _ in range(3)]
+    deployment = api.post("/api/deployments", json={"name": "told", "checkpoint_id": checkpoints[0],
+                                                    "replicas": 2}).json()
+    path = f"/api/deployments/{deployment['id']}"
+    with session_scope() as session:
+        session.execute(update(Deployment).where(
+            (Deployment.id == deployment["id"]) | (Deployment.replica_of == deployment["id"]))
+            .values(status="ready"))
+
+    def step(replica: int, promotion_id: str, to: PromotionStatus, reason: str | None = None) -> None:
+        with session_scope() as session:
+            [row] = [p for p, r in session.execute(
+                select(Promotion, Deployment.replica)
+                .join(Deployment, Deployment.id == Promotion.deployment_id)
+                .where((Promotion.id == promotion_id) | (Promotion.promotion_of == promotion_id)))
+                if r == replica]
+            move_promotion(session, row, session.get(Deployment, row.deployment_id), to,
+                           f"replica {replica}: {to.value}", reason=reason)
+
+    def at_once(promotion_id: str, ends: dict[int, tuple[PromotionStatus, str | None]]) -> None:
+        barrier = threading.Barrier(len(ends))
+        errors: list[BaseException] = []
+
+        def end(replica: int) -> None:
+            try:
+                barrier.wait(timeout=30)
+                step(replica, promotion_id, *ends[replica])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=end, args=(replica,)) for replica in ends]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == [], errors
+
+    def outbox() -> list[dict]:
+        with session_scope() as session:
+            return [json.loads(body) for body in session.scalars(
+                select(WebhookDelivery.body).where(WebhookDelivery.webhook_id == webhook.json()["id"])
+                .order_by(WebhookDelivery.id))]
+
+    promoted = api.post(f"{path}/promote", json={"checkpoint_id": checkpoints[1]}).json()
+    for to in (PromotionStatus.STARTING, PromotionStatus.DRAINING):
+        for replica in (0, 1):
+            step(replica, promoted["id"], to)
+    assert outbox() == []  # nothing while the switch is under way
+    at_once(promoted["id"], {0: (PromotionStatus.SUCCEEDED, None), 1: (PromotionStatus.SUCCEEDED, None)})
+    [event] = outbox()
+    [shown] = [p for p in api.get(f"{path}/promotions").json()["data"] if p["id"] == promoted["id"]]
+    assert event["type"] == "deployment.promotion_succeeded"
+    assert event["data"]["id"] == deployment["id"] and event["data"]["promotion"] == shown
+    assert shown["status"] == "succeeded"
+
+    # Replica 1's new engine never became ready: the switch failed, saying which replica.
+    second = api.post(f"{path}/promote", json={"checkpoint_id": checkpoints[2]}).json()
+    for replica in (0, 1):
+        step(replica, second["id"], PromotionStatus.STARTING)
+    step(0, second["id"], PromotionStatus.DRAINING)
+    at_once(second["id"], {0: (PromotionStatus.SUCCEEDED, None),
+                           1: (PromotionStatus.FAILED, "the engine exited")})
+    first, event = outbox()
+    assert event["type"] == "deployment.promotion_failed"
+    assert event["data"]["promotion"]["id"] == second["id"]
+    assert event["data"]["promotion"]["status_reason"] == "replica 1: the engine exited"

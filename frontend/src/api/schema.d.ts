@@ -2459,7 +2459,7 @@ export interface components {
              * Events
              * @description The event types to send
              */
-            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped")[];
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped" | "deployment.promotion_succeeded" | "deployment.promotion_failed")[];
             /**
              * Description
              * @default
@@ -2479,7 +2479,7 @@ export interface components {
             /** Url */
             url: string;
             /** Events */
-            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped")[];
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped" | "deployment.promotion_succeeded" | "deployment.promotion_failed")[];
             /** Description */
             description: string;
             /**
@@ -2546,7 +2546,7 @@ export interface components {
             /** Url */
             url: string;
             /** Events */
-            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped")[];
+            events: ("job.succeeded" | "job.failed" | "job.cancelled" | "checkpoint.published" | "deployment.ready" | "deployment.failed" | "deployment.acceptance_dropped" | "deployment.promotion_succeeded" | "deployment.promotion_failed")[];
             /** Description */
             description: string;
             /**

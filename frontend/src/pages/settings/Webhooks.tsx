@@ -28,6 +28,8 @@ const EVENTS: Record<WebhookEvent, string> = {
   "deployment.ready": "a deployment serves",
   "deployment.failed": "a deployment failed",
   "deployment.acceptance_dropped": "a deployment's live acceptance dropped",
+  "deployment.promotion_succeeded": "a promotion or rollback switched every replica",
+  "deployment.promotion_failed": "a promotion or rollback failed (the old drafter serves on)",
 };
 const EVENT_NAMES = Object.keys(EVENTS) as WebhookEvent[];
 
