@@ -33,6 +33,7 @@ from tests.e2e.test_promotion import engine_drafters
 from tests.e2e.test_serving import PROMPTS, counters, deploy, gateway, running  # noqa: F401
 from tests.support.drafters import write_untrained_drafter
 from tests.support.waiting import wait_for
+from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.uses_demo_drafter, pytest.mark.timeout(1800)]
 NAME = "demo-replicas"
@@ -165,7 +166,7 @@ class LongStream(threading.Thread):
 
 def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
         pg_api: Api, pg_stack: Stack, gateway, demo: dict[str, str],  # noqa: F811
-        demo_drafter: DemoDrafter) -> None:
+        demo_drafter: DemoDrafter, webhook_env, receiver: Receiver) -> None:  # noqa: F811
     verifier = (pg_stack.models_root / "demo").resolve()
     for name in ("replica-a", "replica-b"):
         # The drain grace covers a request routed to an old engine just before the route
@@ -242,7 +243,11 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     wait_for(lambda: requests_per_replica(pg_api, dep_id, before).get(1, 0) > 0, 60,
              "requests served by the restarted replica")
 
-    # 4. A promotion under load switches both replicas' engines; no request fails.
+    # 4. A promotion under load switches both replicas' engines; no request fails. Its end is
+    # told once, by a webhook event for the whole switch.
+    hook = pg_api.post("/api/webhooks", json={"url": receiver.url, "events": [
+        "deployment.promotion_succeeded", "deployment.promotion_failed"]})
+    assert hook.status_code == 201, hook.text
     load = Load(client, 5000)  # stopped once the switch is seen
     wait_for(lambda: len(load.done) >= 2, 120, "the load to be under way")
     promoted = pg_api.post(f"{path}/promote", json={"checkpoint_id": b})
@@ -261,6 +266,11 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     assert promotion["id"] == promoted.json()["id"] and promotion["status"] == "succeeded"
     assert [(r["replica"], r["status"]) for r in promotion["replicas"]] == [(0, "succeeded"),
                                                                              (1, "succeeded")]
+    [told] = receiver.wait("deployment.promotion_succeeded", timeout=120)
+    assert told.verify(hook.json()["secret"])["data"]["promotion"] == promotion
+    # Written with the last replica's step: one delivery, none for the other replica's.
+    deliveries = pg_api.get(f"/api/webhooks/{hook.json()['id']}/deliveries").json()["data"]
+    assert [d["event_type"] for d in deliveries] == ["deployment.promotion_succeeded"], deliveries
 
     # 5. Scaled back to one replica: its engine stops; the deployment serves on.
     scaled = pg_api.patch(path, json={"replicas": 1})

@@ -206,25 +206,30 @@ def move_steps(deployment_id: str, steps: dict[int, tuple[str, str | None]]) -> 
             promotion.finished_at = utcnow() if status in ("succeeded", "failed") else None
 
 
-def test_a_promotion_is_as_far_as_its_slowest_replica(api: Api, stack: Stack, job_body) -> None:
-    """The whole switch's step: the least advanced while any replica's is under way (and no
-    other switch may start), succeeded once every replica's did, failed (saying which replica)
-    if one's failed."""
+def two_ready_replicas(api: Api, stack: Stack, job_body, name: str) -> tuple[dict, list[str]]:
+    """A deployment of two replicas, both marked ready (as their workers would have), serving
+    the first of three checkpoints; (the deployment, the checkpoints' ids)."""
     from sqlalchemy import update
 
     from app.db import session_scope
     from app.db.models import Deployment
 
-    _, first = make_checkpoint(api, stack, job_body)
-    _, second = make_checkpoint(api, stack, job_body)
-    _, third = make_checkpoint(api, stack, job_body)
-    deployment = api.post("/api/deployments", json={"name": "fast", "checkpoint_id": first,
+    checkpoints = [make_checkpoint(api, stack, job_body)[1] for _ in range(3)]
+    deployment = api.post("/api/deployments", json={"name": name, "checkpoint_id": checkpoints[0],
                                                     "replicas": 2}).json()
-    path = f"/api/deployments/{deployment['id']}"
     with session_scope() as session:
         session.execute(update(Deployment).where(
             (Deployment.id == deployment["id"]) | (Deployment.replica_of == deployment["id"]))
             .values(status="ready"))
+    return deployment, checkpoints
+
+
+def test_a_promotion_is_as_far_as_its_slowest_replica(api: Api, stack: Stack, job_body) -> None:
+    """The whole switch's step: the least advanced while any replica's is under way (and no
+    other switch may start), succeeded once every replica's did, failed (saying which replica)
+    if one's failed."""
+    deployment, (_, second, third) = two_ready_replicas(api, stack, job_body, "fast")
+    path = f"/api/deployments/{deployment['id']}"
     promoted = api.post(f"{path}/promote", json={"checkpoint_id": second})
     assert promoted.status_code == 202, promoted.text
 
@@ -290,7 +295,7 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
     """``deployment.promotion_succeeded`` (or ``..._failed``) is written once, when the last
     replica's step ends: here both replicas' last steps are written at the same moment, from
     two threads behind a barrier, on both databases."""
-    from sqlalchemy import select, update
+    from sqlalchemy import select
 
     from app.db import session_scope
     from app.db.models import Deployment, Promotion, WebhookDelivery
@@ -300,14 +305,8 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
         "url": "http://127.0.0.1:9/hook",  # allowed by name (webhook_env); nothing is sent
         "events": ["deployment.promotion_succeeded", "deployment.promotion_failed"]})
     assert webhook.status_code == 201, webhook.text
-    checkpoints = [make_checkpoint(api, stack, job_body)[1] for _ in range(3)]
-    deployment = api.post("/api/deployments", json={"name": "told", "checkpoint_id": checkpoints[0],
-                                                    "replicas": 2}).json()
+    deployment, checkpoints = two_ready_replicas(api, stack, job_body, "told")
     path = f"/api/deployments/{deployment['id']}"
-    with session_scope() as session:
-        session.execute(update(Deployment).where(
-            (Deployment.id == deployment["id"]) | (Deployment.replica_of == deployment["id"]))
-            .values(status="ready"))
 
     def step(replica: int, promotion_id: str, to: PromotionStatus, reason: str | None = None) -> None:
         with session_scope() as session:
