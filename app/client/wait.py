@@ -1,4 +1,4 @@
-"""Following a job (or a deployment) until it ends: progress on stderr, a one-line summary, and
+"""Following a job (or a deployment, or a promotion) until it ends: progress on stderr, a one-line summary, and
 the exit code its outcome means.
 
 A job is polled (``GET /api/jobs/{id}`` every POLL_SECONDS, its new events, and now and then its
@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.client import exits
+from app.client.exits import CLIError
 from app.client.http import Api
 from app.client.output import emit_json, note
 
@@ -185,6 +186,15 @@ def _latest_loss(api: Api, job_id: str) -> float | None:
     return rows[-1]["value"] if rows else None
 
 
+def _report(value: dict[str, Any], line: str, as_json: bool) -> None:
+    """How a wait ends on stdout: the line, or with --json the object (the line on stderr)."""
+    if as_json:
+        emit_json(value)
+        note(line)
+    else:
+        print(line, flush=True)
+
+
 def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool) -> int:
     """Follow the job until it ends or ``timeout`` passes; print the summary (stdout; the job
     as JSON with --json, the summary then on stderr) and return the exit code."""
@@ -217,11 +227,7 @@ def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool) -> 
             note(f"--- the last {LOG_TAIL_LINES} lines of the job's log ---\n{tail}\n---")
     elif job["status"] == "cancelled" and job.get("status_reason"):
         note(f"cancelled: {job['status_reason']}")
-    if as_json:
-        emit_json(job)
-        note(summary)
-    else:
-        print(summary, flush=True)
+    _report(job, summary, as_json)
     return JOB_TERMINAL[job["status"]]
 
 
@@ -245,9 +251,58 @@ def wait_deployment(api: Api, deployment_id: str, *, timeout: float | None,
         clock.sleep(POLL_SECONDS)
     line = f"{deployment_id} {status}" + (f": {deployment['status_reason']}"
                                          if deployment.get("status_reason") else "")
-    if as_json:
-        emit_json(deployment)
-        note(line)
-    else:
-        print(line + (f" (model '{deployment['name']}')" if status == "ready" else ""), flush=True)
+    _report(deployment, line if as_json or status != "ready"
+            else f"{line} (model '{deployment['name']}')", as_json)
     return exits.SUCCEEDED if status == "ready" else exits.JOB_FAILED
+
+
+PROMOTION_TERMINAL = {"succeeded": exits.SUCCEEDED, "failed": exits.JOB_FAILED}
+
+
+def _promotion(api: Api, deployment_id: str, promotion_id: str) -> dict[str, Any]:
+    """The promotion as the list shows it (newest first: it is on the first pages)."""
+    after = None
+    while True:
+        page = api.json("GET", f"/api/deployments/{deployment_id}/promotions",
+                        params={"limit": 100} | ({"after": after} if after else {}))
+        for promotion in page["data"]:
+            if promotion["id"] == promotion_id:
+                return promotion
+        if not page["has_more"]:
+            raise CLIError(exits.USAGE, f"{deployment_id} has no promotion {promotion_id}")
+        after = page["last_id"]
+
+
+def wait_promotion(api: Api, promotion: dict[str, Any], *, timeout: float | None,
+                   as_json: bool) -> int:
+    """Follow a promotion or rollback until every replica's switch ended, printing its steps
+    (the deployment's ``promotion`` events since it was asked for); 0 when it succeeded, 1 when
+    it failed (the previous drafter serves on), 4 once ``timeout`` passes."""
+    deployment_id, promotion_id = promotion["deployment_id"], promotion["id"]
+    since = datetime.fromisoformat(promotion["created_at"])
+    replicas = len(promotion["replicas"])
+    clock = _Clock(timeout)
+    after: int | None = None
+    view = PlainView(promotion_id)
+
+    def step(event: dict[str, Any]) -> None:
+        if event["kind"] == "promotion" and datetime.fromisoformat(event["created_at"]) >= since:
+            view.line((f"replica {event['replica']}: " if replicas > 1 else "") + event["message"])
+
+    while True:
+        promotion = _promotion(api, deployment_id, promotion_id)
+        after = _new_events(api, f"/api/deployments/{deployment_id}/events", after, step)
+        if promotion["status"] in PROMOTION_TERMINAL:
+            break
+        if clock.expired():
+            note(f"timed out after {timeout:g}s waiting for {promotion_id}; the switch keeps going "
+                 f"({promotion['status']}): `specdeck deployments promotions {deployment_id}` "
+                 "shows where it is")
+            return exits.TIMED_OUT
+        clock.sleep(POLL_SECONDS)
+    line = (f"{promotion_id} {promotion['status']}: {promotion['kind']} of {deployment_id} to "
+            f"{promotion['target']['drafter']}")
+    if promotion["status"] == "failed":
+        line += f" ({promotion['status_reason']}; the previous drafter serves on)"
+    _report(promotion, line, as_json)
+    return PROMOTION_TERMINAL[promotion["status"]]

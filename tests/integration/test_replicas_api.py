@@ -10,6 +10,7 @@ import json
 import threading
 import uuid
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from tests.integration.test_promotions_api import make_checkpoint
 from tests.integration.test_scheduling import local_deployment
 from tests.support.errors import assert_error
 from tests.support.webhook_receiver import webhook_env  # noqa: F401 (fixture)
+
+if TYPE_CHECKING:
+    from app.services.state import PromotionStatus
 
 
 def add_worker(name: str, host: str, serving_slots: int = 2) -> None:
@@ -290,6 +294,31 @@ def test_a_deployment_whose_own_row_fails_stops_its_other_replicas(api: Api, sta
         f"deployment {deployment['id']} failed: gave up after 5 restarts") for e in events), events
 
 
+def move_step(replica: int, promotion_id: str, to: "PromotionStatus",
+              reason: str | None = None) -> None:
+    """Move one replica's step of a promotion, as its worker does: to draining by switching
+    its route (``switch_route``, to an engine nobody runs), else by ``move_promotion``."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.db.models import Deployment, Promotion
+    from app.services.promotions import switch_route
+    from app.services.state import PromotionStatus, move_promotion
+
+    with session_scope() as session:
+        [row] = [p for p, r in session.execute(
+            select(Promotion, Deployment.replica)
+            .join(Deployment, Deployment.id == Promotion.deployment_id)
+            .where((Promotion.id == promotion_id) | (Promotion.promotion_of == promotion_id)))
+            if r == replica]
+        deployment = session.get(Deployment, row.deployment_id)
+        if to == PromotionStatus.DRAINING:
+            switch_route(session, deployment, row, "http://127.0.0.1:9/v1", None)
+        else:
+            move_promotion(session, row, deployment, to, f"{to.value}: the test moved it",
+                           reason=reason)
+
+
 def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
         api: Api, stack: Stack, job_body, webhook_env) -> None:  # noqa: F811
     """``deployment.promotion_succeeded`` (or ``..._failed``) is written once, when the last
@@ -298,8 +327,8 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
     from sqlalchemy import select
 
     from app.db import session_scope
-    from app.db.models import Deployment, Promotion, WebhookDelivery
-    from app.services.state import PromotionStatus, move_promotion
+    from app.db.models import WebhookDelivery
+    from app.services.state import PromotionStatus
 
     webhook = api.post("/api/webhooks", json={
         "url": "http://127.0.0.1:9/hook",  # allowed by name (webhook_env); nothing is sent
@@ -308,16 +337,6 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
     deployment, checkpoints = two_ready_replicas(api, stack, job_body, "told")
     path = f"/api/deployments/{deployment['id']}"
 
-    def step(replica: int, promotion_id: str, to: PromotionStatus, reason: str | None = None) -> None:
-        with session_scope() as session:
-            [row] = [p for p, r in session.execute(
-                select(Promotion, Deployment.replica)
-                .join(Deployment, Deployment.id == Promotion.deployment_id)
-                .where((Promotion.id == promotion_id) | (Promotion.promotion_of == promotion_id)))
-                if r == replica]
-            move_promotion(session, row, session.get(Deployment, row.deployment_id), to,
-                           f"replica {replica}: {to.value}", reason=reason)
-
     def at_once(promotion_id: str, ends: dict[int, tuple[PromotionStatus, str | None]]) -> None:
         barrier = threading.Barrier(len(ends))
         errors: list[BaseException] = []
@@ -325,7 +344,7 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
         def end(replica: int) -> None:
             try:
                 barrier.wait(timeout=30)
-                step(replica, promotion_id, *ends[replica])
+                move_step(replica, promotion_id, *ends[replica])
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
@@ -345,7 +364,7 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
     promoted = api.post(f"{path}/promote", json={"checkpoint_id": checkpoints[1]}).json()
     for to in (PromotionStatus.STARTING, PromotionStatus.DRAINING):
         for replica in (0, 1):
-            step(replica, promoted["id"], to)
+            move_step(replica, promoted["id"], to)
     assert outbox() == []  # nothing while the switch is under way
     at_once(promoted["id"], {0: (PromotionStatus.SUCCEEDED, None), 1: (PromotionStatus.SUCCEEDED, None)})
     [event] = outbox()
@@ -357,8 +376,8 @@ def test_a_switch_ends_with_one_webhook_event_however_close_its_replicas_end(
     # Replica 1's new engine never became ready: the switch failed, saying which replica.
     second = api.post(f"{path}/promote", json={"checkpoint_id": checkpoints[2]}).json()
     for replica in (0, 1):
-        step(replica, second["id"], PromotionStatus.STARTING)
-    step(0, second["id"], PromotionStatus.DRAINING)
+        move_step(replica, second["id"], PromotionStatus.STARTING)
+    move_step(0, second["id"], PromotionStatus.DRAINING)
     at_once(second["id"], {0: (PromotionStatus.SUCCEEDED, None),
                            1: (PromotionStatus.FAILED, "the engine exited")})
     first, event = outbox()

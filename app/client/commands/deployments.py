@@ -1,4 +1,5 @@
-"""``specdeck deployments``: create, list, get, scale, delete and wait for deployments."""
+"""``specdeck deployments``: create, list, get, scale, delete and wait for deployments; promote
+and roll back their drafters."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import argparse
 from app.client import exits
 from app.client.commands import command, get_command, list_command
 from app.client.http import Api
-from app.client.output import note, show
-from app.client.wait import wait_deployment
+from app.client.output import listing, note, show
+from app.client.wait import wait_deployment, wait_promotion
 
 
 def create(args: argparse.Namespace, api: Api) -> int:
@@ -44,10 +45,38 @@ def wait(args: argparse.Namespace, api: Api) -> int:
     return wait_deployment(api, args.deployment_id, timeout=args.timeout, as_json=args.json)
 
 
-def _wait_options(parser: argparse.ArgumentParser, flag: bool) -> None:
+def promote(args: argparse.Namespace, api: Api) -> int:
+    return _switch(args, api, api.json("POST", f"/api/deployments/{args.deployment_id}/promote",
+                                       json={"checkpoint_id": args.checkpoint}))
+
+
+def rollback(args: argparse.Namespace, api: Api) -> int:
+    return _switch(args, api, api.json("POST", f"/api/deployments/{args.deployment_id}/rollback"))
+
+
+def _switch(args: argparse.Namespace, api: Api, promotion: dict) -> int:
+    note(f"{promotion['kind']} {promotion['id']} {promotion['status']}: to "
+         f"{promotion['target']['drafter']}")
+    if args.wait:
+        return wait_promotion(api, promotion, timeout=args.timeout, as_json=args.json)
+    show(promotion, args.json, promotion["id"])
+    return exits.SUCCEEDED
+
+
+def promotions(args: argparse.Namespace, api: Api) -> int:
+    page = api.json("GET", f"/api/deployments/{args.deployment_id}/promotions",
+                    params={"limit": args.limit} | ({"after": args.after} if args.after else {}))
+    for promotion in page["data"]:
+        promotion["drafter"] = promotion["target"]["drafter"]
+    listing(page, args.json, ("id", "kind", "status", "drafter", "created_at", "finished_at",
+                              "status_reason"))
+    return exits.SUCCEEDED
+
+
+def _wait_options(parser: argparse.ArgumentParser, flag: bool,
+                  until: str = "it is ready (exit 0) or fails (exit 1)") -> None:
     if flag:
-        parser.add_argument("--wait", action="store_true", help="wait until it is ready (exit 0) "
-                            "or fails (exit 1)")
+        parser.add_argument("--wait", action="store_true", help=f"wait until {until}")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="stop waiting after S seconds (exit 4)")
 
@@ -89,3 +118,23 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("deployment_id")
     _wait_options(p, flag=False)
     command(p, wait)
+
+    switched = "every replica switched (exit 0) or the switch failed (exit 1: the previous " \
+        "drafter serves on)"
+    p = deployments_sub.add_parser("promote", parents=[common], help="switch a deployment to "
+                                   "another checkpoint without downtime; prints the promotion's id")
+    p.add_argument("deployment_id")
+    p.add_argument("--checkpoint", required=True, metavar="CHECKPOINT_ID")
+    _wait_options(p, flag=True, until=switched)
+    command(p, promote)
+    p = deployments_sub.add_parser("rollback", parents=[common], help="switch back to the "
+                                   "drafter served before the current one, the same way")
+    p.add_argument("deployment_id")
+    _wait_options(p, flag=True, until=switched)
+    command(p, rollback)
+    p = deployments_sub.add_parser("promotions", parents=[common], help="a deployment's "
+                                   "promotions and rollbacks, newest first")
+    p.add_argument("deployment_id")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--after", metavar="PROMOTION_ID", help="the page after this one")
+    command(p, promotions)
