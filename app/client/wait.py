@@ -260,17 +260,12 @@ PROMOTION_TERMINAL = {"succeeded": exits.SUCCEEDED, "failed": exits.JOB_FAILED}
 
 
 def _promotion(api: Api, deployment_id: str, promotion_id: str) -> dict[str, Any]:
-    """The promotion as the list shows it (newest first: it is on the first pages)."""
-    after = None
-    while True:
-        page = api.json("GET", f"/api/deployments/{deployment_id}/promotions",
-                        params={"limit": 100} | ({"after": after} if after else {}))
-        for promotion in page["data"]:
-            if promotion["id"] == promotion_id:
-                return promotion
-        if not page["has_more"]:
-            raise CLIError(exits.USAGE, f"{deployment_id} has no promotion {promotion_id}")
-        after = page["last_id"]
+    """The promotion as the list shows it (newest first: it is on the first page)."""
+    promotions = api.pages(f"/api/deployments/{deployment_id}/promotions", {"limit": 100})
+    found = next((p for p in promotions if p["id"] == promotion_id), None)
+    if found is None:
+        raise CLIError(exits.USAGE, f"{deployment_id} has no promotion {promotion_id}")
+    return found
 
 
 def wait_promotion(api: Api, promotion: dict[str, Any], *, timeout: float | None,
