@@ -1,5 +1,5 @@
-"""Following a job (or a deployment, or a promotion) until it ends: progress on stderr, a one-line summary, and
-the exit code its outcome means.
+"""Following a job (or a deployment, or a promotion) until it ends: progress on stderr, a
+one-line summary, and the exit code its outcome means.
 
 A job is polled (``GET /api/jobs/{id}`` every POLL_SECONDS, its new events, and now and then its
 latest ``train/loss``): every request goes through the client's retries, so a restarting server

@@ -23,7 +23,6 @@ from app.services.checkpoints import checkpoint_drafter
 from app.services.paging import newest_first
 from app.services.replicas import all_rows, replica_rows
 from app.services.scheduling import free_units
-from app.services.webhooks import enqueue
 from app.services.state import (
     PROMOTION_ACTIVE,
     DeploymentStatus,
@@ -31,6 +30,7 @@ from app.services.state import (
     move_promotion,
     record_event,
 )
+from app.services.webhooks import enqueue
 
 # The deployment spec's fields that name its drafter: what a promotion changes.
 DRAFTER_FIELDS = ("source", "drafter", "block_size", "num_speculative_tokens")
