@@ -271,17 +271,22 @@ def _promotion(api: Api, deployment_id: str, promotion_id: str) -> dict[str, Any
 def wait_promotion(api: Api, promotion: dict[str, Any], *, timeout: float | None,
                    as_json: bool) -> int:
     """Follow a promotion or rollback until every replica's switch ended, printing its steps
-    (the deployment's ``promotion`` events since it was asked for); 0 when it succeeded, 1 when
-    it failed (the previous drafter serves on), 4 once ``timeout`` passes."""
+    (the deployment's ``promotion`` events from the one that asked for it on: one switch runs
+    at a time, so the later ones are its replicas'); 0 when it succeeded, 1 when it failed (the
+    previous drafter serves on), 4 once ``timeout`` passes."""
     deployment_id, promotion_id = promotion["deployment_id"], promotion["id"]
-    since = datetime.fromisoformat(promotion["created_at"])
     replicas = len(promotion["replicas"])
     clock = _Clock(timeout)
     after: int | None = None
     view = PlainView(promotion_id)
+    asked = False
 
     def step(event: dict[str, Any]) -> None:
-        if event["kind"] == "promotion" and datetime.fromisoformat(event["created_at"]) >= since:
+        nonlocal asked
+        if event["kind"] != "promotion":
+            return
+        asked = asked or (event["data"] or {}).get("promotion") == promotion_id
+        if asked:
             view.line((f"replica {event['replica']}: " if replicas > 1 else "") + event["message"])
 
     while True:

@@ -69,6 +69,7 @@ def test_promote_and_rollback_wait_for_every_replica(pg_api: Api, pg_stack: Stac
         assert promoted.returncode == 0, err
         drafter = switch["target"]["drafter"]
         assert out == f"{switch['id']} succeeded: promote of {dep_id} to {drafter}\n"
+        assert f"replica 0: promote {switch['id']} requested" in err, err
         for replica in (0, 1):
             assert f"replica {replica}: succeeded: the test moved it" in err, err
         assert "stopped by the test" not in err  # the earlier switch's steps are not this one's
