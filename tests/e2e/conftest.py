@@ -6,6 +6,7 @@ import json
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,18 +56,22 @@ def small_demo(pg_stack: Stack, pg_api: Api, demo_assets) -> dict[str, str]:
 
 class DemoDrafter:
     """The demo drafter, trained once a session. tests/e2e/test_serving.py trains it (a demo
-    job, asserted whole) and keeps a copy here; a test that only needs "a trained drafter" and
-    carries the ``uses_demo_drafter`` mark runs after it (tests/conftest.py orders them) and
-    serves that copy instead of training its own. Run without it (alone, or on another xdist
-    worker), such a test trains its own."""
+    job, asserted whole) and keeps a copy here, with its job's settings and first logged loss; a
+    test that only needs "a trained drafter" and carries the ``uses_demo_drafter`` mark runs after
+    it (tests/conftest.py orders them) and serves that copy instead of training its own (see
+    ``demo_checkpoint``). Run without it (alone, or on another xdist worker), such a test trains
+    its own."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.kept: Path | None = None
+        self.spec: dict[str, Any] = {}
+        self.first_loss = 0.0
 
-    def keep(self, checkpoint: str | Path) -> None:
+    def keep(self, checkpoint: str | Path, spec: dict[str, Any], first_loss: float) -> None:
         if self.kept is None:
             self.kept = Path(shutil.copytree(checkpoint, self.root / "demo-drafter"))
+            self.spec, self.first_loss = spec, first_loss
 
     def copy_for(self, verifier: Path, out: Path) -> Path | None:
         """A copy of the kept drafter whose config names ``verifier`` (a copy of the same demo
@@ -78,6 +83,53 @@ class DemoDrafter:
         config["speculators_config"]["verifier"]["name_or_path"] = str(verifier)
         (out / "config.json").write_text(json.dumps(config, indent=2))
         return out
+
+
+def checkpoint_row(api: Api, verifier: str, drafter: Path, name: str,
+                   spec: dict[str, Any] | None = None) -> str:
+    """A checkpoint row for a drafter on disk, as if a job of this project had trained it for
+    ``verifier`` with ``spec``'s settings (deployments, promotions and retrains take
+    checkpoints). The job row is written as ended, so that no worker ever runs it."""
+    from app.db import session_scope
+    from app.db.models import Checkpoint, Job
+
+    project_id = api.get("/api/me").json()["project"]["id"]
+    spec = spec or {}
+    with session_scope() as session:
+        job = Job(project_id=project_id, status="succeeded", name=name,
+                  spec={**spec, "verifier_info": {**spec.get("verifier_info", {}),
+                                                  "reference": verifier}})
+        session.add(job)
+        session.flush()
+        row = Checkpoint(job_id=job.id, epoch=0, path=str(drafter))
+        session.add(row)
+        session.flush()
+        return row.id
+
+
+def first_loss(api: Api, job_id: str) -> float:
+    """The first training loss the job logged."""
+    return api.get(f"/api/jobs/{job_id}/metrics", params={"name": "train/loss"}).json()["data"][0]["value"]
+
+
+def demo_checkpoint(api: Api, stack: Stack, demo: dict[str, str], session: DemoDrafter
+                    ) -> tuple[dict[str, str], float]:
+    """A trained demo drafter's checkpoint (its ``id`` and ``path``) and the first loss its
+    training logged: the session's (trained by tests/e2e/test_serving.py), or when there is
+    none a demo job of two epochs, trained on the running workers without the served
+    evaluation."""
+    from tests.e2e.test_pipeline import submit
+
+    verifier = (stack.models_root / demo["verifier"]).resolve()
+    if (kept := session.copy_for(verifier, stack.models_root / "demo-drafter")) is not None:
+        row = checkpoint_row(api, str(verifier), kept, "the session's demo drafter", session.spec)
+        return {"id": row, "path": str(kept)}, session.first_loss
+    job = submit(api, demo, epochs=2, evaluate=False)
+    done = api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=900)
+    assert done["status"] == "succeeded", (done, api.get(f"/api/jobs/{job['id']}/logs").text)
+    checkpoints = api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+    [best] = [c for c in checkpoints if c["is_best"]]
+    return {"id": best["id"], "path": best["path"]}, first_loss(api, job["id"])
 
 
 @pytest.fixture(scope="session")

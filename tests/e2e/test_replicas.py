@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,9 +25,9 @@ import openai
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.e2e.conftest import DemoDrafter, job_processes
+from tests.e2e.conftest import DemoDrafter, checkpoint_row, demo_checkpoint, job_processes
 from tests.e2e.test_live_acceptance import LIVE_ENV
-from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, submit
+from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
 from tests.e2e.test_promotion import engine_drafters
 from tests.e2e.test_serving import PROMPTS, counters, deploy, gateway, running  # noqa: F401
 from tests.support.drafters import write_untrained_drafter
@@ -38,42 +37,6 @@ from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # no
 pytestmark = [pytest.mark.slow, pytest.mark.uses_demo_drafter, pytest.mark.timeout(1800)]
 NAME = "demo-replicas"
 CHAT_TOKENS = 16
-
-
-def checkpoint_row(api: Api, verifier: str, drafter: Path, name: str) -> str:
-    """A checkpoint row for a drafter on disk, as if a job of this project had trained it for
-    ``verifier`` (deployments and promotions take checkpoints). The job row is written as
-    ended, so that no worker ever runs it."""
-    from app.db import session_scope
-    from app.db.models import Checkpoint, Job
-
-    project_id = api.get("/api/me").json()["project"]["id"]
-    with session_scope() as session:
-        job = Job(project_id=project_id, status="succeeded", name=name,
-                  spec={"verifier_info": {"reference": verifier}})
-        session.add(job)
-        session.flush()
-        row = Checkpoint(job_id=job.id, epoch=0, path=str(drafter))
-        session.add(row)
-        session.flush()
-        return row.id
-
-
-def trained_demo_drafter(api: Api, stack: Stack, demo: dict[str, str],
-                         session: DemoDrafter) -> str:
-    """The demo drafter's checkpoint: the session's (trained by tests/e2e/test_serving.py), or
-    when there is none a demo job of two epochs, trained on the running workers without the
-    served evaluation."""
-    verifier = (stack.models_root / demo["verifier"]).resolve()
-    kept = session.copy_for(verifier, stack.models_root / "demo-drafter")
-    if kept is not None:
-        return checkpoint_row(api, str(verifier), kept, "the session's demo drafter")
-    job = submit(api, demo, epochs=2, evaluate=False)
-    done = api.wait_status(job["id"], {"succeeded", "failed", "cancelled"}, timeout=900)
-    assert done["status"] == "succeeded", (done, api.get(f"/api/jobs/{job['id']}/logs").text)
-    checkpoints = api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
-    [best] = [c for c in checkpoints if c["is_best"]]
-    return best["id"]
 
 
 def replica_rows(deployment_id: str) -> dict[int, dict[str, Any]]:
@@ -173,7 +136,7 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
         # cache saw the switch: generous on a busy machine.
         pg_stack.start_worker(name, **REAL_PIPELINE, **LIVE_ENV,
                               SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
-    trained = trained_demo_drafter(pg_api, pg_stack, demo, demo_drafter)
+    trained = demo_checkpoint(pg_api, pg_stack, demo, demo_drafter)[0]["id"]
     untrained = write_untrained_drafter(verifier, pg_stack.models_root / "untrained",
                                         block_size=CPU_SPECULATOR["block_size"])
     b = checkpoint_row(pg_api, str(verifier), untrained, "an untrained drafter")

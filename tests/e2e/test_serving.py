@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.e2e.conftest import DemoDrafter, job_processes
+from tests.e2e.conftest import DemoDrafter, first_loss, job_processes
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, assert_demo_job, submit
 from tests.support.waiting import wait_for
 from tests.support.api_server import start_api, stop_api
@@ -150,7 +150,9 @@ def test_train_deploy_and_chat_through_the_gateway(pg_api: Api, pg_stack: Stack,
                 - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
     assert drafts > 0
     assert 1 + accepted / drafts > 1.0, (accepted, drafts)
-    demo_drafter.keep(best["path"])  # the session's demo drafter, for tests that serve one
+    # The session's demo drafter, for tests that serve one or retrain from it.
+    demo_drafter.keep(best["path"], pg_stack.scalar("SELECT spec FROM jobs WHERE id = :id", id=job["id"]),
+                      first_loss(pg_api, job["id"]))
     # Usage is written in batches (SPECDECK_GATEWAY_USAGE_FLUSH_SECONDS): wait for the flush.
     wait_for(lambda: (pg_stack.scalar("SELECT sum(completion_tokens) FROM usage") or 0) > 0, 60,
              "the usage rows")
