@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from pydantic import AwareDatetime
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SessionDep, SettingsDep
+from app.api.jobs import REPLAYED, IdempotencyKey, replayed
 from app.api.links import links
 from app.errors import error_responses
 from app.schemas.common import BIGINT_MAX, Page
@@ -125,16 +126,27 @@ def list_promotions(deployment_id: str, key: CurrentKey, session: SessionDep,
 
 
 @router.post("/{deployment_id}/retrain", status_code=201, response_model=JobOut,
-             responses=error_responses(400, 404, 409, 413, 429))
+             responses={200: REPLAYED, **error_responses(400, 404, 409, 413, 429)})
 async def retrain(deployment_id: str, key: CurrentKey, session: SessionDep,
-                  settings: SettingsDep, body: RetrainRequest | None = None) -> JobOut:
+                  settings: SettingsDep, response: Response, body: RetrainRequest | None = None,
+                  idempotency_key: IdempotencyKey = None) -> JobOut:
     """Create a job that retrains the deployment's drafter (``RetrainRequest``), checked and
-    created as ``POST /api/jobs`` creates one; the job is the answer."""
-    request = await run_in_threadpool(service.retrain_request, session, key.project_id,
-                                      deployment_id, body or RetrainRequest())
-    hub = await fetch_configs({"verifier": request.verifier}, settings)
-    job, _ = await run_in_threadpool(jobs.create_job, session, key.project_id, request,
-                                     settings=settings, hub=hub)
+    created as ``POST /api/jobs`` creates one; the job is the answer. With an Idempotency-Key,
+    the same key and request answer the same job (200), whatever the deployment serves by then."""
+    body = body or RetrainRequest()
+    digest = service.retrain_hash(deployment_id, body)
+    job = idempotency_key and await run_in_threadpool(jobs.replay, session, key.project_id,
+                                                      idempotency_key, digest)
+    created = job is None
+    if job is None:
+        request = await run_in_threadpool(service.retrain_request, session, key.project_id,
+                                          deployment_id, body)
+        hub = await fetch_configs({"verifier": request.verifier}, settings)
+        job, created = await run_in_threadpool(
+            jobs.create_job, session, key.project_id, request, settings=settings, hub=hub,
+            idempotency_key=idempotency_key, digest=digest)
+    if not created:
+        replayed(response)
     return (await run_in_threadpool(jobs.job_outs, session, [job]))[0]
 
 

@@ -30,28 +30,33 @@ Limit = Annotated[int, Query(ge=1, le=100)]
 _JOB_LINKS = links("job_id", *(("get", f"/api/jobs/{{job_id}}{tail}") for tail in (
     "", "/events", "/events/stream", "/metrics", "/checkpoints", "/logs", "/plan")),
     ("post", "/api/jobs/{job_id}/cancel"))
+# A create that may be a replay: 201 with the new job, or 200 with the one this Idempotency-Key
+# and request created before (``replayed``).
+REPLAYED: dict[str, Any] = {
+    "model": JobOut, "description": "A replay: the job that this Idempotency-Key and request "
+    "created before", "headers": {"Idempotent-Replayed": {
+        "description": "Always \"true\"", "schema": {"type": "string", "enum": ["true"]}}},
+    **_JOB_LINKS}
 _CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    201: _JOB_LINKS,
-    200: {"model": JobOut, "description": "A replay: the job that this Idempotency-Key and body "
-          "created before", "headers": {"Idempotent-Replayed": {
-              "description": "Always \"true\"", "schema": {"type": "string", "enum": ["true"]}}},
-          **_JOB_LINKS},
-    **error_responses(400, 413, 429),
-}
+    201: _JOB_LINKS, 200: REPLAYED, **error_responses(400, 413, 429)}
+IdempotencyKey = Annotated[str | None, Header(max_length=255)]
+
+
+def replayed(response: Response) -> None:
+    response.status_code = 200
+    response.headers["Idempotent-Replayed"] = "true"
 
 
 @router.post("", status_code=201, response_model=JobOut, responses=_CREATE_RESPONSES)
 async def create_job(body: JobCreate, key: CurrentKey, session: SessionDep,
                      settings: SettingsDep, response: Response,
-                     idempotency_key: Annotated[str | None, Header(max_length=255)] = None
-                     ) -> JobOut:
+                     idempotency_key: IdempotencyKey = None) -> JobOut:
     hub = await fetch_configs({"verifier": body.verifier}, settings)  # before the unit of work
     job, created = await run_in_threadpool(
         service.create_job, session, key.project_id, body, settings=settings, hub=hub,
         idempotency_key=idempotency_key)
     if not created:
-        response.status_code = 200
-        response.headers["Idempotent-Replayed"] = "true"
+        replayed(response)
     outs = await run_in_threadpool(service.job_outs, session, [job])  # a replay has progress
     return outs[0]
 

@@ -17,18 +17,19 @@ from app.client.exits import CLIError
 AUTO = "auto"
 
 
-def load_job_file(path: Path) -> dict[str, Any]:
-    """The job body in ``path``: JSON for .json, YAML otherwise (YAML reads JSON too)."""
+def load_job_file(path: Path, what: str = "job") -> dict[str, Any]:
+    """The ``what``'s body in ``path`` (a job's, a retrain's): JSON for .json, YAML otherwise
+    (YAML reads JSON too)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise CLIError(exits.USAGE, f"cannot read the job file: {exc}") from exc
+        raise CLIError(exits.USAGE, f"cannot read the {what} file: {exc}") from exc
     try:
         body = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise CLIError(exits.USAGE, f"{path} is not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {exc}") from exc
     if not isinstance(body, dict):
-        raise CLIError(exits.USAGE, f"{path} must hold an object (the job's fields)")
+        raise CLIError(exits.USAGE, f"{path} must hold an object (the {what}'s fields)")
     return body
 
 
@@ -38,12 +39,17 @@ def _file_digest(digest: "hashlib._Hash", path: Path) -> None:
             digest.update(chunk)
 
 
+def fresh_key() -> str:
+    """A key of this invocation's own: its retries reuse it, a new invocation makes a new one."""
+    return f"cli-{uuid.uuid4().hex}"
+
+
 def idempotency_key(given: str | None, job_file: Path, dataset_file: Path | None) -> str:
     """The key a create sends. Given: as is; "auto": derived from the content of the job file and
     the dataset file, so the same files make the same job (a re-run of a pipeline replays it);
     none: a new one for this invocation, so that its own retries cannot create the job twice."""
     if given is None:
-        return f"cli-{uuid.uuid4().hex}"
+        return fresh_key()
     if given != AUTO:
         return given
     digest = hashlib.sha256(b"specdeck job file\0")

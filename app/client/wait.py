@@ -161,6 +161,9 @@ class _Clock:
     def __init__(self, timeout: float | None) -> None:
         self.deadline = None if timeout is None else time.monotonic() + timeout
 
+    def left(self) -> float | None:
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
@@ -186,18 +189,22 @@ def _latest_loss(api: Api, job_id: str) -> float | None:
     return rows[-1]["value"] if rows else None
 
 
-def _report(value: dict[str, Any], line: str, as_json: bool) -> None:
-    """How a wait ends on stdout: the line, or with --json the object (the line on stderr)."""
+def _report(value: dict[str, Any], line: str, as_json: bool, *, final: bool = True) -> None:
+    """How a wait ends on stdout: the line, or with --json the object (the line on stderr). A
+    wait that another one follows (not ``final``) leaves stdout's object to that one."""
     if as_json:
-        emit_json(value)
+        if final:
+            emit_json(value)
         note(line)
     else:
         print(line, flush=True)
 
 
-def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool) -> int:
+def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool,
+             followed: bool = False) -> int:
     """Follow the job until it ends or ``timeout`` passes; print the summary (stdout; the job
-    as JSON with --json, the summary then on stderr) and return the exit code."""
+    as JSON with --json, the summary then on stderr) and return the exit code. ``followed``: if
+    the job succeeds, another wait follows (with --json, its object is printed, not the job's)."""
     clock = _Clock(timeout)
     after: int | None = None
     loss, loss_step, loss_at = None, None, 0.0
@@ -227,7 +234,7 @@ def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool) -> 
             note(f"--- the last {LOG_TAIL_LINES} lines of the job's log ---\n{tail}\n---")
     elif job["status"] == "cancelled" and job.get("status_reason"):
         note(f"cancelled: {job['status_reason']}")
-    _report(job, summary, as_json)
+    _report(job, summary, as_json, final=not (followed and job["status"] == "succeeded"))
     return JOB_TERMINAL[job["status"]]
 
 
@@ -259,7 +266,7 @@ def wait_deployment(api: Api, deployment_id: str, *, timeout: float | None,
 PROMOTION_TERMINAL = {"succeeded": exits.SUCCEEDED, "failed": exits.JOB_FAILED}
 
 
-def _promotion(api: Api, deployment_id: str, promotion_id: str) -> dict[str, Any]:
+def find_promotion(api: Api, deployment_id: str, promotion_id: str) -> dict[str, Any]:
     """The promotion as the list shows it (newest first: it is on the first page)."""
     promotions = api.pages(f"/api/deployments/{deployment_id}/promotions", {"limit": 100})
     found = next((p for p in promotions if p["id"] == promotion_id), None)
@@ -290,7 +297,7 @@ def wait_promotion(api: Api, promotion: dict[str, Any], *, timeout: float | None
             view.line((f"replica {event['replica']}: " if replicas > 1 else "") + event["message"])
 
     while True:
-        promotion = _promotion(api, deployment_id, promotion_id)
+        promotion = find_promotion(api, deployment_id, promotion_id)
         after = _new_events(api, f"/api/deployments/{deployment_id}/events", after, step)
         if promotion["status"] in PROMOTION_TERMINAL:
             break
@@ -306,3 +313,18 @@ def wait_promotion(api: Api, promotion: dict[str, Any], *, timeout: float | None
         line += f" ({promotion['status_reason']}; the previous drafter serves on)"
     _report(promotion, line, as_json)
     return PROMOTION_TERMINAL[promotion["status"]]
+
+
+def wait_retrain(api: Api, job: dict[str, Any], *, timeout: float | None, as_json: bool) -> int:
+    """Follow a retrain job (``wait_job``) and, when it deploys its result, the promotion its
+    deploy stage asked for (``wait_promotion``): 0 once that switch succeeded. ``timeout``
+    bounds both."""
+    clock = _Clock(timeout)
+    deploys = job.get("deploy") is not None
+    code = wait_job(api, job["id"], timeout=timeout, as_json=as_json, followed=deploys)
+    if code != exits.SUCCEEDED or not deploys:
+        return code
+    [asked] = [e["data"] for e in api.pages(f"/api/jobs/{job['id']}/events", {"limit": 100})
+               if e["kind"] == "deploy"]
+    return wait_promotion(api, find_promotion(api, asked["deployment"], asked["promotion"]),
+                          timeout=clock.left(), as_json=as_json)

@@ -24,7 +24,7 @@ from app.services import capture, quotas, replicas, state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
 from app.services.checkpoints import checkpoint_drafter, drafter_block_size
-from app.services.jobs import SHAPE
+from app.services.jobs import SHAPE, request_hash
 from app.services.verifier import read_config, resolve_verifier
 from app.settings import Settings
 
@@ -129,6 +129,12 @@ def delete_deployment(session: Session, project_id: str, deployment_id: str,
         replicas.stop(session, row, "deleted by user")
     schedule(session, settings)
     return deployment
+
+
+def retrain_hash(deployment_id: str, body: RetrainRequest) -> str:
+    """What a retrain's replay must hash to: its deployment and body, not the job they make
+    (which changes with what the deployment serves)."""
+    return request_hash(body, scope=f"retrain {deployment_id}\n")
 
 
 def retrain_request(session: Session, project_id: str, deployment_id: str,

@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
@@ -27,9 +28,11 @@ from app.services.verifier import VerifierInfo, check_layer_ids, default_layer_i
 from app.settings import Settings
 
 
-def request_hash(body: JobCreate) -> str:
+def request_hash(body: BaseModel, scope: str = "") -> str:
+    """What a replay's request must hash to: the body as sent (its fields left out stay out),
+    after ``scope`` where the same body asks for different jobs (a retrain: its deployment)."""
     canonical = json.dumps(body.model_dump(mode="json", exclude_unset=True), sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256((scope + canonical).encode()).hexdigest()
 
 
 def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: Settings,
@@ -183,14 +186,15 @@ def resolve_gate(body: JobCreate, runtime: str) -> dict[str, Any] | None:
 
 
 def create_job(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
-               hub: Mapping[str, bytes], idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Return ``(job, created)``; a replay with the same key and body returns the original.
-    ``hub``: the configs of Hub models it names (``app.services.hub.fetch_configs``)."""
-    digest = request_hash(body)
-    if idempotency_key is not None:
-        existing = _by_idempotency_key(session, project_id, idempotency_key)
-        if existing is not None:
-            return _replay(existing, digest), False
+               hub: Mapping[str, bytes], idempotency_key: str | None = None,
+               digest: str | None = None) -> tuple[Job, bool]:
+    """Return ``(job, created)``; a replay with the same key and request (``digest``, default
+    the body's ``request_hash``) returns the original. ``hub``: the configs of Hub models it
+    names (``app.services.hub.fetch_configs``)."""
+    digest = digest or request_hash(body)
+    if idempotency_key is not None and (existing := replay(session, project_id, idempotency_key,
+                                                             digest)) is not None:
+        return existing, False
     job = Job(project_id=project_id, name=body.name,
               spec=resolve_spec(session, project_id, body, settings, hub),
               idempotency_key=idempotency_key, request_hash=digest)
@@ -207,6 +211,13 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
         return _replay(existing, digest), False
     schedule(session, settings)
     return job, True
+
+
+def replay(session: Session, project_id: str, idempotency_key: str, digest: str) -> Job | None:
+    """The job this Idempotency-Key created (its request must have hashed to ``digest``: else
+    422 ``idempotency_key_reused``), or None."""
+    existing = _by_idempotency_key(session, project_id, idempotency_key)
+    return None if existing is None else _replay(existing, digest)
 
 
 def _by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:

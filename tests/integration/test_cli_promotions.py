@@ -1,4 +1,4 @@
-"""`specdeck deployments promote|rollback [--wait]` and `promotions` against a real API process
+"""`specdeck deployments promote|rollback [--wait]`, `promotions` and `retrain` against a real API process
 (Postgres): while the CLI waits, the test moves each replica's step as its worker would
 (``move_promotion``; real engines switching: tests/e2e/test_replicas.py). The steps come on
 stderr, one line on stdout; the exit is 0 once every replica switched, 1 when the switch failed,
@@ -103,3 +103,53 @@ def test_promote_and_rollback_wait_for_every_replica(pg_api: Api, pg_stack: Stac
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         stop_api(api_proc)
+
+
+def test_retrain_makes_one_job_per_idempotency_key(pg_api: Api, pg_stack: Stack, pg_job_body,
+                                                   tmp_path: Path) -> None:
+    """`specdeck deployments retrain`: the request from a file (and flags), one job per
+    Idempotency-Key however often the step runs, --wait's timeout, the API's refusals. (Its
+    --deploy --wait, on a real worker and engines: tests/e2e/test_promotion.py.)"""
+    deployment, (first, _, _) = two_ready_replicas(pg_api, pg_stack, pg_job_body, "cli-retrain")
+    dep_id = deployment["id"]
+    url, api_proc = start_api({**os.environ, **pg_stack.env}, tmp_path / "api.log")
+    env = {**os.environ, "SPECDECK_URL": url, "SPECDECK_API_KEY": pg_api.key}
+    request = tmp_path / "retrain.yaml"
+    request.write_text("dataset: chat.jsonl\nspeculator:\n  epochs: 1\n"
+                       "evaluate: {prompts: 2, baseline: false, ngram: false}\n")
+
+    def specdeck(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([SPECDECK, "deployments", "retrain", dep_id, *args], env=env,
+                              text=True, capture_output=True, timeout=120)
+
+    try:
+        made = specdeck("-f", str(request), "--idempotency-key", "ci-run-7", "--json")
+        assert made.returncode == 0, made.stderr
+        job = json.loads(made.stdout)
+        assert f"created {job['id']} (queued)" in made.stderr
+        assert job["init_from"] == first and job["metadata"] == {"retrain_of": dep_id}
+        assert job["speculator"]["epochs"] == 1 and job["evaluate"]["prompts"] == 2
+        # The step run again (a re-run pipeline, a retried request): the same job.
+        again = specdeck("-f", str(request), "--idempotency-key", "ci-run-7")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout == f"{job['id']}\n"
+        assert "already exists for this Idempotency-Key (a replay): queued" in again.stderr
+        assert_error_exit(specdeck("--dataset", "chat.jsonl", "--idempotency-key", "ci-run-7"),
+                          "idempotency_key_reused")
+        # No worker runs it here: --wait ends at --timeout (4), the job still queued.
+        waited = specdeck("--dataset", "chat.jsonl", "--wait", "--timeout", "1")
+        assert waited.returncode == 4, waited
+        assert "timed out after 1s" in waited.stderr and "the job keeps going" in waited.stderr
+        # Refused: nothing captured and no --dataset; a file that can't be read.
+        assert_error_exit(specdeck(), "dataset_required")
+        unreadable = specdeck("-f", str(tmp_path / "missing.yaml"))
+        assert unreadable.returncode == 2 and "cannot read the retrain file" in unreadable.stderr
+        jobs = pg_api.get("/api/jobs", params={"name": "retrain of cli-retrain"}).json()["data"]
+        assert len(jobs) == 2, jobs  # the keyed one, and the one --wait timed out on
+    finally:
+        stop_api(api_proc)
+
+
+def assert_error_exit(result: subprocess.CompletedProcess[str], code: str) -> None:
+    """The CLI's refusal: exit 2, the API's error code on stderr, nothing on stdout."""
+    assert result.returncode == 2 and code in result.stderr and result.stdout == "", result

@@ -199,3 +199,56 @@ def test_retrain_defaults_to_the_traffic_the_deployment_captured(api: Api, stack
     assert retrain.status_code == 201, retrain.text
     assert retrain.json()["dataset"] == captured
     assert retrain.json()["init_from"] == checkpoint_id
+
+
+def test_a_retrain_with_an_idempotency_key_makes_one_job(api: Api, stack: Stack, job_body,
+                                                         make_api) -> None:
+    """A retried retrain (a CI step run again, a double click) never trains twice: the same
+    Idempotency-Key and request answer the job they made (200, Idempotent-Replayed), even once
+    that deployment serves another drafter (the request is what is compared, not the job it
+    would make now); a different request under the key is refused, as for POST /api/jobs."""
+    from app.services.state import PromotionStatus
+    from tests.integration.test_replicas_api import move_step, two_ready_replicas
+
+    deployment, (first, second, _) = two_ready_replicas(api, stack, job_body, "fast")
+    path = f"/api/deployments/{deployment['id']}/retrain"
+    body = {"dataset": "chat.jsonl", "speculator": {"epochs": 1}}
+    key = {"Idempotency-Key": "retrain-run-7"}
+
+    def jobs() -> int:
+        return stack.scalar("SELECT count(*) FROM jobs")
+
+    made = api.post(path, json=body, headers=key)
+    assert made.status_code == 201, made.text
+    assert "Idempotent-Replayed" not in made.headers and made.json()["init_from"] == first
+    before = jobs()
+    again = api.post(path, json=body, headers=key)
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true", again.text
+    assert again.json() == made.json() and jobs() == before
+
+    # The deployment now serves another checkpoint: a retrain made now would start from it, but
+    # the retried request still answers the job it made.
+    promoted = api.post(f"/api/deployments/{deployment['id']}/promote", json={"checkpoint_id": second})
+    assert promoted.status_code == 202, promoted.text
+    for step in (PromotionStatus.STARTING, PromotionStatus.DRAINING, PromotionStatus.SUCCEEDED):
+        for replica in (0, 1):
+            move_step(replica, promoted.json()["id"], step)
+    assert api.get(f"/api/deployments/{deployment['id']}").json()["source"]["checkpoint_id"] == second
+    later = api.post(path, json=body, headers=key)
+    assert later.status_code == 200 and later.json()["id"] == made.json()["id"], later.text
+    fresh = api.post(path, json=body)  # no key: a new job, from what is served now
+    assert fresh.status_code == 201 and fresh.json()["init_from"] == second, fresh.text
+
+    # Another request under the key: another body, another deployment, a job create's key.
+    assert_error(api.post(path, json={**body, "speculator": {"epochs": 2}}, headers=key), 422,
+                 "idempotency_key_reused", "Idempotency-Key")
+    _, checkpoint = make_checkpoint(api, stack, job_body)
+    other = api.post("/api/deployments", json={"name": "other", "checkpoint_id": checkpoint}).json()
+    assert_error(api.post(f"/api/deployments/{other['id']}/retrain", json=body, headers=key), 422,
+                 "idempotency_key_reused", "Idempotency-Key")
+    assert api.post("/api/jobs", json=job_body(), headers={"Idempotency-Key": "job-key"}).status_code == 201
+    assert_error(api.post(path, json=body, headers={"Idempotency-Key": "job-key"}), 422,
+                 "idempotency_key_reused", "Idempotency-Key")
+    # Keys are the project's own: another project's same key reaches nothing of this one.
+    assert_error(make_api(api).post(path, json=body, headers=key), 404, "not_found")
+    assert jobs() == before + 3  # the fresh retrain, the other checkpoint's job, the job create's

@@ -75,12 +75,15 @@ def test_every_error_is_declared_in_the_one_error_shape(document) -> None:
     assert set(detail["required"]) == {"message", "type", "param", "code"}
 
 
-def test_a_replayed_job_is_declared_200_with_its_header(document) -> None:
-    created = responses(document, "post", "/api/jobs")
+@pytest.mark.parametrize("path", ["/api/jobs", "/api/deployments/{deployment_id}/retrain"])
+def test_a_replayed_job_is_declared_200_with_its_header(document, path: str) -> None:
+    created = responses(document, "post", path)
     assert error_schema(created["201"]) == error_schema(created["200"]) == {
         "$ref": "#/components/schemas/JobOut"}
     assert "Idempotent-Replayed" in created["200"]["headers"]
     assert "Retry-After" in created["429"]["headers"]
+    [key] = [p for p in document["paths"][path]["post"]["parameters"] if p["in"] == "header"]
+    assert key["name"] == "idempotency-key" and key["schema"]["maxLength"] == 255
 
 
 def test_patterns_checked_in_code_are_in_the_schema(document) -> None:

@@ -1,15 +1,18 @@
 """``specdeck deployments``: create, list, get, scale, delete and wait for deployments; promote
-and roll back their drafters."""
+and roll back their drafters, and retrain them."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from app.client import exits
 from app.client.commands import command, get_command, list_command
+from app.client.commands.jobs import created_job
 from app.client.http import Api
+from app.client.jobfile import fresh_key, load_job_file
 from app.client.output import listing, note, show
-from app.client.wait import wait_deployment, wait_promotion
+from app.client.wait import wait_deployment, wait_promotion, wait_retrain
 
 
 def create(args: argparse.Namespace, api: Api) -> int:
@@ -60,6 +63,22 @@ def _switch(args: argparse.Namespace, api: Api, promotion: dict) -> int:
     if args.wait:
         return wait_promotion(api, promotion, timeout=args.timeout, as_json=args.json)
     show(promotion, args.json, promotion["id"])
+    return exits.SUCCEEDED
+
+
+def retrain(args: argparse.Namespace, api: Api) -> int:
+    body = load_job_file(args.file, "retrain") if args.file else {}
+    if args.dataset:
+        body["dataset"] = args.dataset
+    if args.deploy:
+        body["deploy"] = True
+    # Safe to send again: a retry carries the same Idempotency-Key, so it answers the same job.
+    job = created_job(api.request("POST", f"/api/deployments/{args.deployment_id}/retrain",
+                                  json=body, repeatable=True,
+                                  headers={"Idempotency-Key": args.idempotency_key or fresh_key()}))
+    if args.wait:
+        return wait_retrain(api, job, timeout=args.timeout, as_json=args.json)
+    show(job, args.json, job["id"])
     return exits.SUCCEEDED
 
 
@@ -132,6 +151,24 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("deployment_id")
     _wait_options(p, flag=True, until=switched)
     command(p, rollback)
+    p = deployments_sub.add_parser("retrain", parents=[common], help="train the deployment's "
+                                   "drafter further on its captured traffic (or --dataset), "
+                                   "warm-started from what it serves; prints the job's id")
+    p.add_argument("deployment_id")
+    p.add_argument("-f", "--file", type=Path, metavar="RETRAIN_FILE", help="the request's body "
+                   "(POST /api/deployments/{id}/retrain: dataset, speculator, data, evaluate, "
+                   "gate, deploy), .json or .yaml")
+    p.add_argument("--dataset", metavar="DATASET_ID", help="retrain on this dataset instead of "
+                   "the captured traffic")
+    p.add_argument("--deploy", action="store_true", help="switch the deployment to the result "
+                   "once it passes its gate")
+    p.add_argument("--idempotency-key", metavar="KEY", help="the same key and request answer "
+                   "the same job, e.g. \"$GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT\" (default: a new "
+                   "one for this invocation, which its retries reuse)")
+    _wait_options(p, flag=True, until="the job ends and, with --deploy, the switch to its "
+                  "result too: 0 once it serves, 1 if either failed (the job's error, or the "
+                  "switch's: the previous drafter serves on)")
+    command(p, retrain)
     p = deployments_sub.add_parser("promotions", parents=[common], help="a deployment's "
                                    "promotions and rollbacks, newest first")
     p.add_argument("deployment_id")

@@ -33,15 +33,22 @@ def create(args: argparse.Namespace, api: Api) -> int:
     # Safe to send again: a retry carries the same Idempotency-Key, so it answers the same job.
     response = api.request("POST", "/api/jobs", json=body, headers={"Idempotency-Key": key},
                            repeatable=True)
+    job = created_job(response)
+    if args.wait:
+        return wait_job(api, job["id"], timeout=args.timeout, as_json=args.json)
+    show(job, args.json, job["id"])
+    return exits.SUCCEEDED
+
+
+def created_job(response: httpx.Response) -> dict[str, Any]:
+    """The job a create answered with, told on stderr: created, or a replay (200) of the one
+    this Idempotency-Key made before."""
     job = response.json()
     if response.status_code == 200:
         note(f"{job['id']} already exists for this Idempotency-Key (a replay): {job['status']}")
     else:
         note(f"created {job['id']} ({job['status']})")
-    if args.wait:
-        return wait_job(api, job["id"], timeout=args.timeout, as_json=args.json)
-    show(job, args.json, job["id"])
-    return exits.SUCCEEDED
+    return job
 
 
 def cancel(args: argparse.Namespace, api: Api) -> int:

@@ -483,7 +483,8 @@ export interface paths {
         /**
          * Retrain
          * @description Create a job that retrains the deployment's drafter (``RetrainRequest``), checked and
-         *     created as ``POST /api/jobs`` creates one; the job is the answer.
+         *     created as ``POST /api/jobs`` creates one; the job is the answer. With an Idempotency-Key,
+         *     the same key and request answer the same job (200), whatever the deployment serves by then.
          */
         post: operations["retrain_api_deployments__deployment_id__retrain_post"];
         delete?: never;
@@ -2738,7 +2739,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description A replay: the job that this Idempotency-Key and body created before */
+            /** @description A replay: the job that this Idempotency-Key and request created before */
             200: {
                 headers: {
                     /** @description Always "true" */
@@ -4867,7 +4868,9 @@ export interface operations {
     retrain_api_deployments__deployment_id__retrain_post: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                "idempotency-key"?: string;
+            };
             path: {
                 deployment_id: string;
             };
@@ -4879,6 +4882,17 @@ export interface operations {
             };
         };
         responses: {
+            /** @description A replay: the job that this Idempotency-Key and request created before */
+            200: {
+                headers: {
+                    /** @description Always "true" */
+                    "Idempotent-Replayed"?: "true";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobOut"];
+                };
+            };
             /** @description Successful Response */
             201: {
                 headers: {
