@@ -217,9 +217,12 @@ def test_capture_retrain_promote_while_streaming_and_roll_back(
         assert job["init_from"] == drafter_a["id"] and job["data"]["regenerate"] is True
         assert job["dataset"] == capture_dataset
         assert job["deploy"] == {"deployment": NAME, "deployment_id": dep_id}
-        # 5. The stream starts before the job's deploy stage, so that it spans the switch.
-        wait_for(lambda: pg_api.job(job["id"])["stage"] in ("evaluating", "deploying")
-                 or pg_api.job(job["id"])["status"] != "running", 900, "the retrain's evaluation")
+        # 5. The stream starts before the job's deploy stage, so that it spans the switch; not
+        # sooner (a job still queued has not started: a stream beside its regeneration and
+        # training would only slow them).
+        wait_for(lambda: (j := pg_api.job(job["id"]))["stage"] in ("evaluating", "deploying")
+                 or j["status"] in ("succeeded", "failed", "cancelled"), 900,
+                 "the retrain's evaluation")
         promoted, streamer = switch_while_streaming(pg_api, client, dep_id, job["id"])
         out, err = cli.communicate(timeout=300)
     finally:
