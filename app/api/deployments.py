@@ -135,8 +135,8 @@ async def retrain(deployment_id: str, key: CurrentKey, session: SessionDep,
     the same key and request answer the same job (200), whatever the deployment serves by then."""
     body = body or RetrainRequest()
     digest = service.retrain_hash(deployment_id, body)
-    job = idempotency_key and await run_in_threadpool(jobs.replay, session, key.project_id,
-                                                      idempotency_key, digest)
+    job = None if idempotency_key is None else await run_in_threadpool(
+        jobs.replay, session, key.project_id, idempotency_key, digest)
     created = job is None
     if job is None:
         request = await run_in_threadpool(service.retrain_request, session, key.project_id,

@@ -249,6 +249,11 @@ def test_a_retrain_with_an_idempotency_key_makes_one_job(api: Api, stack: Stack,
     assert api.post("/api/jobs", json=job_body(), headers={"Idempotency-Key": "job-key"}).status_code == 201
     assert_error(api.post(path, json=body, headers={"Idempotency-Key": "job-key"}), 422,
                  "idempotency_key_reused", "Idempotency-Key")
+    # An empty key is a key like any other (as for POST /api/jobs): made once, then replayed.
+    empty = [api.post(path, json=body, headers={"Idempotency-Key": ""}) for _ in range(2)]
+    assert [r.status_code for r in empty] == [201, 200], [r.text for r in empty]
+    assert empty[0].json()["id"] == empty[1].json()["id"]
     # Keys are the project's own: another project's same key reaches nothing of this one.
     assert_error(make_api(api).post(path, json=body, headers=key), 404, "not_found")
-    assert jobs() == before + 3  # the fresh retrain, the other checkpoint's job, the job create's
+    # The fresh retrain, the other checkpoint's job, the job create's, the empty key's.
+    assert jobs() == before + 4
