@@ -60,10 +60,13 @@ def claim(job_id: str, owner: str, lease_seconds: float, model: type[Leased] = J
     duplicate or stale message, or it was placed elsewhere since."""
     waiting = MACHINES[model].waiting
     with session_scope() as session:
+        # Waits for a transaction that holds the row (a cancel, a reconciler's round) rather than
+        # skipping it: a skipped row would drop this message, and the job would wait for a
+        # re-kick. A duplicate message waits for the first claim, then finds the row running.
         row = session.scalars(
             select(model).where(model.id == job_id, model.status == waiting.value,
                                 model.worker_id == owner)
-            .with_for_update(skip_locked=True)
+            .with_for_update()
         ).first()
         if row is None:
             return None

@@ -218,17 +218,16 @@ def _unplaced(session: Session, model: type[Job] | type[Deployment]) -> list[Any
 def unplace_from_dead_workers(session: Session, settings: Settings) -> int:
     """Jobs and deployments placed on a worker that died before claiming them go back."""
     alive = {w.id for w in alive_workers(session, settings)}
+    # Only the dead workers' rows are locked: a live worker claims its own at any moment.
     stranded = [row for model in (Job, Deployment) for row in session.scalars(
         select(model).where(model.status == MACHINES[model].waiting.value,
-                            model.worker_id.is_not(None)).with_for_update(skip_locked=True))]
-    moved = 0
+                            model.worker_id.is_not(None), model.worker_id.not_in(alive))
+        .with_for_update(skip_locked=True))]
     for job in stranded:
-        if job.worker_id not in alive:
-            gone = job.worker_id  # the update below clears it on the object too
-            model, owner = type(job), MACHINES[type(job)].owner
-            session.execute(delete(Allocation).where(getattr(Allocation, owner) == job.id))
-            session.execute(update(model).where(model.id == job.id).values(worker_id=None, allocation=None))
-            record_event(session, job, "unscheduled", f"worker {gone} went away before starting "
-                         "it; scheduling it again", {"worker": gone})
-            moved += 1
-    return moved
+        gone = job.worker_id  # the update below clears it on the object too
+        model, owner = type(job), MACHINES[type(job)].owner
+        session.execute(delete(Allocation).where(getattr(Allocation, owner) == job.id))
+        session.execute(update(model).where(model.id == job.id).values(worker_id=None, allocation=None))
+        record_event(session, job, "unscheduled", f"worker {gone} went away before starting "
+                     "it; scheduling it again", {"worker": gone})
+    return len(stranded)

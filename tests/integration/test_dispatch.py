@@ -47,6 +47,65 @@ def test_a_worker_claims_a_created_job_from_its_redis_message(pg_api: Api, pg_jo
         ["queued", "running", "running", "succeeded"]
 
 
+def placed_job(api: Api, stack: Stack, job_body) -> str:
+    """A queued job placed on a worker registered as alive (no process runs it); its id."""
+    from app.db import session_scope
+    from app.services.workers import register
+
+    with session_scope() as session:
+        register(session, worker_id="w-held", host="h", queue=f"{stack.env['SPECDECK_QUEUE']}.w-held",
+                 gpus=[], capacity=1, serving_slots=0)
+    job = api.post("/api/jobs", json=job_body()).json()
+    assert job["worker"] == "w-held" and job["status"] == "queued", job
+    return job["id"]
+
+
+def test_a_claim_waits_for_a_transaction_that_holds_its_job(pg_api: Api, pg_job_body,
+                                                           pg_stack: Stack) -> None:
+    """A worker's claim while another transaction holds its job's row (a cancel, a reconciler's
+    round) waits for it, then takes the job. Skipping the row dropped the message, and the job
+    waited for a re-kick: a clean CI run lost the test above that way, to a reconciler's round."""
+    import threading
+
+    from sqlalchemy import select
+
+    from app.db import get_sessionmaker
+    from app.db.models import Job
+    from workers.lease import claim
+
+    job_id = placed_job(pg_api, pg_stack, pg_job_body)
+    claimed: dict[str, object] = {}
+    claimer = threading.Thread(target=lambda: claimed.update(lease=claim(job_id, "w-held", 30)))
+    with get_sessionmaker()() as holder:
+        holder.scalars(select(Job).where(Job.id == job_id).with_for_update()).one()
+        claimer.start()
+        wait_for(lambda: not claimer.is_alive() or pg_stack.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"), 60, "the claim to wait or end")
+        assert claimer.is_alive(), claimed  # it waits for the row
+        holder.commit()
+    claimer.join(60)
+    assert claimed["lease"] is not None, claimed
+    assert pg_api.job(job_id)["status"] == "running"
+
+
+def test_the_dead_worker_scan_holds_no_live_workers_job(pg_api: Api, pg_job_body,
+                                                       pg_stack: Stack) -> None:
+    """The reconciler's scan for jobs placed on dead workers locks only theirs: a live worker's
+    job stays free to claim while the round's transaction is open."""
+    from sqlalchemy import select
+
+    from app.db import get_sessionmaker
+    from app.db.models import Job
+    from app.services.scheduling import unplace_from_dead_workers
+    from app.settings import get_settings
+
+    job_id = placed_job(pg_api, pg_stack, pg_job_body)
+    with get_sessionmaker()() as round_, get_sessionmaker()() as other:
+        assert unplace_from_dead_workers(round_, get_settings()) == 0
+        other.scalars(select(Job).where(Job.id == job_id).with_for_update(nowait=True)).one()
+
+
 def test_b_the_same_message_delivered_twice_runs_once(pg_api: Api, pg_job_body,
                                                       pg_stack: Stack, tmp_path: Path) -> None:
     from app.services.dispatch import send_run_job
