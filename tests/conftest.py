@@ -82,24 +82,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # --- the order of the suite, and its work units under pytest-xdist ---------------------------------
 
 ORDER = ("e2e", "local_runtime", "integration", "unit")  # the longest tests first
+DEMO_DRAFTER_TRAINER = "test_serving.py"  # the e2e module that trains the session's demo drafter
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow directories first, so that under pytest-xdist the many short tests fill in at
     the end; and the work units pytest-xdist's ``loadgroup`` hands out: a test alone where it
     shares nothing with its neighbours (most end-to-end tests), else its module (fixtures of
-    module scope are set up once), and tests/local_runtime/ whole (one vLLM server for it)."""
+    module scope are set up once), tests/local_runtime/ whole (one vLLM server for it), and the
+    demo drafter's trainer with the tests that serve it (it is trained once)."""
     def directory(item: pytest.Item) -> str:
         return item.path.parent.name
+
+    def serves_demo_drafter(item: pytest.Item) -> bool:
+        return item.get_closest_marker("uses_demo_drafter") is not None
 
     # Within a directory, the tests that serve the session's demo drafter after the one that
     # trains it (tests/e2e/conftest.py, DemoDrafter).
     items.sort(key=lambda item: (ORDER.index(directory(item)) if directory(item) in ORDER
-                                 else len(ORDER), item.get_closest_marker("uses_demo_drafter")
-                                 is not None))
+                                 else len(ORDER), serves_demo_drafter(item)))
     for item in items:
         if directory(item) == "local_runtime":
             group = "local_runtime"
+        elif serves_demo_drafter(item) or (directory(item) == "e2e"
+                                          and item.path.name == DEMO_DRAFTER_TRAINER):
+            group = "e2e-demo-drafter"  # one worker: the drafter's trainer, then its servers
         elif directory(item) == "e2e" and not any(
                 fixture.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()
                 for fixture in defs):

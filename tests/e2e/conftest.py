@@ -58,9 +58,9 @@ class DemoDrafter:
     """The demo drafter, trained once a session. tests/e2e/test_serving.py trains it (a demo
     job, asserted whole) and keeps a copy here, with its job's settings and first logged loss; a
     test that only needs "a trained drafter" and carries the ``uses_demo_drafter`` mark runs after
-    it (tests/conftest.py orders them) and serves that copy instead of training its own (see
-    ``demo_checkpoint``). Run without it (alone, or on another xdist worker), such a test trains
-    its own."""
+    it (tests/conftest.py orders them, and keeps them on one pytest-xdist worker) and serves that
+    copy instead of training its own (see ``demo_checkpoint``). Run without it (alone), such a
+    test trains its own."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
