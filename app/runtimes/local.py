@@ -48,7 +48,7 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
     processes = spec["resources"]["trainer_gpus"]
     port_text = str(port) if port else "<port>"
     endpoint = f"http://127.0.0.1:{port_text}"
-    cpu = cuda_env([])
+    cpu = {**cuda_env([]), **vllm.CPU_THREADS_ENV}
     stages = [
         StageCommand("starting_verifier", "vLLM server that extracts hidden states (CPU)",
                      vllm.verifier_server_argv(spec, paths, port_text, cpu=True),

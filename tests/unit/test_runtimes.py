@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.runtimes import JobPaths, build_plan
+from app.runtimes.local import serve_command
 
 SPEC = {
     "verifier": "Qwen/Qwen3-8B",
@@ -184,6 +185,13 @@ def test_local_runtime_runs_vllms_cpu_wheel_and_the_cpu_trainer() -> None:
     assert flag(trainer, "--draft-attn-impl") == "sdpa"
     assert flag(trainer, "--loss-implementation") == "eager"
     assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in plan.stages)
+    # Every process of a local job, and a local deployment's engine, waits without spinning:
+    # they share the host's cores.
+    served = serve_command({"verifier": "demo", "drafter": "/w/job/checkpoints/2",
+                            "num_speculative_tokens": 15, "runtime": "local", "resources": {}},
+                           "demo", port=8000, host="127.0.0.1", gpus=[], api_key="k")
+    assert all(s.env["OMP_WAIT_POLICY"] == "PASSIVE" for s in [*plan.stages, served])
+    assert "OMP_WAIT_POLICY" not in build_plan(SPEC, PATHS, port=7).stage("training").env
 
 
 @pytest.mark.parametrize("code, log, kind", [
