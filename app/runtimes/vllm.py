@@ -38,14 +38,14 @@ SHARED_GPU_MEMORY_UTILIZATION = "0.45"
 CPU_SERVER_MODULE = "workers.runtimes.local.serve"
 CPU_LAUNCHER = [sys.executable, "-m", CPU_SERVER_MODULE, "--model"]
 CPU_FLAGS = ["--enforce-eager", "--no-enable-prefix-caching", "--dtype", "float32"]
-# VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
-# instead of starting a third Python (on 2 cores the server is healthy in about 16 s, not 21;
-# benchmarks/vllm_start.py, docs/benchmarks.md).
 # OMP_WAIT_POLICY=PASSIVE: the local runtime's processes share the host's cores (a deployment's
 # engine beside a retrain's trainer, two jobs), and OpenMP threads that spin while they wait
 # starve the others: two trainings at once took 3.6x as long each, and as long as one alone
 # with passive waiting (docs/benchmarks.md, "OpenMP waiting on a shared CPU").
 CPU_THREADS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
+# instead of starting a third Python (on 2 cores the server is healthy in about 16 s, not 21;
+# benchmarks/vllm_start.py, docs/benchmarks.md).
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **CPU_THREADS_ENV}
 # vLLM 0.32's ExampleHiddenStatesConnector is CUDA-only; the local runtime's subclass is not.
