@@ -5,13 +5,15 @@ of CPU on 2 cores, the same bytes every time (tests/local_runtime/test_local_dem
 the model is deterministic). So a run keeps them under the user's cache directory, keyed by
 everything that decides those bytes: the demo module's source and the versions of torch,
 transformers and tokenizers. Any change to one of them makes them again. Each run works on its
-own copy, so no test can change what the next run gets.
+own copy, so no test can change what the next run gets. Processes that need them at once
+(pytest-xdist's workers) take turns under a file lock: one makes them, the others copy them.
 
 SPECDECK_TEST_CACHE names another directory; ``off`` makes them afresh in every run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -61,16 +63,23 @@ def cached_demo_assets(target: Path) -> tuple[Path, Path]:
     if root is None:
         return make(target)
     cached = root / f"demo-{assets_key()}"
-    if complete(cached):
-        shutil.copytree(cached, target, dirs_exist_ok=True)
-        return target / MODEL, target / DATA
-    assets = make(target)
-    staging = root / f".staging-{uuid.uuid4().hex}"
     try:
-        shutil.copytree(target, staging)
-        staging.rename(cached)  # atomic; another run that stored them first wins
+        root.mkdir(parents=True, exist_ok=True)
+        lock = (root / f".{cached.name}.lock").open("w")
     except OSError:
-        pass  # no cache this time (read-only home, a concurrent run): the run goes on
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return assets
+        return make(target)  # no cache here (a read-only home): the run goes on without one
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if complete(cached):
+            shutil.copytree(cached, target, dirs_exist_ok=True)
+            return target / MODEL, target / DATA
+        assets = make(target)
+        staging = root / f".staging-{uuid.uuid4().hex}"
+        try:
+            shutil.copytree(target, staging)
+            staging.rename(cached)  # atomic, so a run that was killed leaves no half a copy
+        except OSError:
+            pass  # no cache this time (a full disk): the run goes on
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return assets
