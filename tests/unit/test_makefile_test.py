@@ -1,5 +1,5 @@
-"""`make test` runs the suite in two runs of pytest (the integration and unit tests under xdist,
-then the end-to-end and local-runtime tests in one process): both always run, with PYTEST_ARGS;
+"""`make test` runs the suite in two runs of pytest under xdist (the integration and unit tests,
+then the end-to-end and local-runtime tests): both always run, with PYTEST_ARGS;
 either failing fails the target, and pytest's "no tests collected" (5) does not. The Makefile's
 own target, in a copy of it whose venv python records its arguments and exits as told."""
 
@@ -42,12 +42,13 @@ def test_both_runs_with_the_arguments(tmp_path: Path) -> None:
     assert status == 0
     assert calls == [
         "-m pytest tests/integration tests/unit -n 2 --dist loadgroup --durations=25",
-        "-m pytest tests/e2e tests/local_runtime --durations=25"]
+        "-m pytest tests/e2e tests/local_runtime -n 2 --dist loadgroup --durations=25"]
 
 
 def test_the_workers_are_a_variable(tmp_path: Path) -> None:
     _, calls = make_test(tmp_path, 0, 0, "TEST_WORKERS=8")
-    assert calls[0] == "-m pytest tests/integration tests/unit -n 8 --dist loadgroup"
+    assert calls == ["-m pytest tests/integration tests/unit -n 8 --dist loadgroup",
+                     "-m pytest tests/e2e tests/local_runtime -n 8 --dist loadgroup"]
 
 
 @pytest.mark.parametrize(("first", "second", "fails"), [
