@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -101,14 +102,20 @@ def inside_seconds(events: list[dict]) -> dict[str, float]:
             "trainer": trainer}
 
 
-def direct_run(plan: dict, job_root: str, base: Path) -> dict[str, float]:
-    """The same commands by hand: server, wait ready, prepare-data, trainer."""
-    root = base / "direct"
+def direct_run(plan: dict, job_root: str, base: Path, *, name: str = "direct",
+               env_changes: Mapping[str, str | None] | None = None) -> dict[str, float]:
+    """The same commands by hand: server, wait ready, prepare-data, trainer. Each runs in
+    ``base / name``, with the plan's environment and then ``env_changes`` (None unsets)."""
+    root = base / name
     root.mkdir()
     port = free_port()
 
     def argv(stage: dict) -> list[str]:
         return [a.replace("<port>", str(port)).replace(job_root, str(root)) for a in stage["argv"]]
+
+    def env(stage: dict) -> dict[str, str]:
+        merged = {**os.environ, **stage["env"], **(env_changes or {})}
+        return {key: value for key, value in merged.items() if value is not None}
 
     by_stage = {s["stage"]: s for s in plan["stages"]}
     timings: dict[str, float] = {}
@@ -116,7 +123,7 @@ def direct_run(plan: dict, job_root: str, base: Path) -> dict[str, float]:
     with (root / "server.log").open("wb") as log:
         server = subprocess.Popen(argv(by_stage["starting_verifier"]), stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                  env={**os.environ, **by_stage["starting_verifier"]["env"]})
+                                  env=env(by_stage["starting_verifier"]))
     try:
         while True:
             try:
@@ -132,7 +139,7 @@ def direct_run(plan: dict, job_root: str, base: Path) -> dict[str, float]:
             began = time.monotonic()
             with (root / f"{stage}.log").open("wb") as log:
                 subprocess.run(argv(by_stage[stage]), stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, **by_stage[stage]["env"]}, check=True)
+                               env=env(by_stage[stage]), check=True)
             timings[name] = time.monotonic() - began
     finally:
         os.killpg(server.pid, signal.SIGTERM)
