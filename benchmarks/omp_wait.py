@@ -84,7 +84,7 @@ def main() -> None:
         names = itertools.count(1)  # each run's own directory (next() is atomic)
 
         def run(changes: dict) -> float:
-            return direct_run(plan, job_root, base, name=f"run-{next(names)}",
+            return direct_run(plan, job_root, base, directory=f"run-{next(names)}",
                               env_changes=changes)["wall"]
 
         for _ in range(args.rounds):

@@ -102,11 +102,11 @@ def inside_seconds(events: list[dict]) -> dict[str, float]:
             "trainer": trainer}
 
 
-def direct_run(plan: dict, job_root: str, base: Path, *, name: str = "direct",
+def direct_run(plan: dict, job_root: str, base: Path, *, directory: str = "direct",
                env_changes: Mapping[str, str | None] | None = None) -> dict[str, float]:
     """The same commands by hand: server, wait ready, prepare-data, trainer. Each runs in
-    ``base / name``, with the plan's environment and then ``env_changes`` (None unsets)."""
-    root = base / name
+    ``base / directory``, with the plan's environment and then ``env_changes`` (None unsets)."""
+    root = base / directory
     root.mkdir()
     port = free_port()
 
