@@ -396,6 +396,12 @@ test.describe.serial("the demo flow", () => {
       expect(other, "the job's other epoch is offered").toMatch(/^ckpt_[0-9a-f]{24}$/);
       await pick.selectOption(other);
       await expect(promotions.getByLabel("Checkpoint id", { exact: true })).toHaveValue(other);
+      // The live chart's tooltip, shown at its right end and hidden again, stays where it was:
+      // it must not widen the page once it is 390px wide (run 47 found it 638px wide).
+      const surface = live.getByRole("region", { name: "Live acceptance length" }).locator(".recharts-wrapper");
+      const box = (await surface.boundingBox())!;
+      await surface.hover({ position: { x: box.width - 20, y: box.height / 2 } });
+      await page.mouse.move(0, 0);
       await screenshotSizes(page, promotions, "deployment-promote");
       acceptNextDialog(page);
       await promotions.getByRole("button", { name: "Promote", exact: true }).click();
