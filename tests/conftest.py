@@ -20,11 +20,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from app.runtimes.vllm import CPU_THREADS_ENV  # imports no torch
+
 # OpenMP's threads wait passively in the test processes too, as the local runtime's processes
 # do (docs/benchmarks.md, "OpenMP waiting on a shared CPU"): pytest-xdist's workers train the
 # demo verifier in process, beside other tests' engines and trainers. OpenMP reads it when torch
 # loads, so before anything imports torch; pytest-xdist's workers inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+for _name, _value in CPU_THREADS_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 from app.supervise import die_with_parent  # noqa: E402
 from tests.support import processes  # noqa: E402
