@@ -54,19 +54,13 @@ run: install dashboard-hint
 services:
 	@bash scripts/ensure-services.sh
 
-# The suite in two runs of pytest (docs/testing.md), each under TEST_WORKERS xdist workers:
-# the integration and unit tests, then the end-to-end and local-runtime tests (each of those
-# takes longer beside another, but the two cores are used: 0.81x the time of one process).
-# Both run; either failing fails `make test` (pytest's 5, nothing collected, is not a
-# failure: PYTEST_ARGS="-k ..." may leave one empty).
+# The whole suite in one run of pytest under TEST_WORKERS xdist workers (2 by default; more on
+# a bigger machine), in tests/conftest.py's order: the longest work units first, the many short
+# tests filling in at the end. --no-loadscope-reorder keeps that order (pytest-xdist would
+# otherwise hand the units out by their number of tests). docs/testing.md has the figures.
 TEST_WORKERS ?= 2
 test: install services
-	@status=0; \
-	$(BIN)/python -m pytest tests/integration tests/unit -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
-	  || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
-	$(BIN)/python -m pytest tests/e2e tests/local_runtime -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
-	  || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
-	exit $$status
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

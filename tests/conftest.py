@@ -92,30 +92,46 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 ORDER = ("e2e", "local_runtime", "integration", "unit")  # the longest tests first
 DEMO_DRAFTER_TRAINER = "test_serving.py"  # the e2e module that trains the session's demo drafter
+# `make test` keeps the order below (--no-loadscope-reorder). Ahead of everything, the longest
+# work units: the demo drafter's chain (its trainer and the tests that serve it, about 10 minutes
+# on one worker), then Schemathesis, which needs no demo assets, so that on a cold cache the
+# second worker has work while the first makes them, then the dashboard's flow.
+FIRST = ("tests/e2e/test_serving.py", "tests/integration/test_schemathesis.py",
+         "tests/e2e/test_dashboard.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow directories first, so that under pytest-xdist the many short tests fill in at
-    the end; and the work units pytest-xdist's ``loadgroup`` hands out: a test alone where it
-    shares nothing with its neighbours (most end-to-end tests), else its module (fixtures of
-    module scope are set up once), tests/local_runtime/ whole (one vLLM server for it), and the
-    demo drafter's trainer with the tests that serve it (it is trained once)."""
+    """The suite's order and the work units pytest-xdist's ``loadgroup`` hands out, in that
+    order. The order: the longest units first (FIRST), then the slow directories (ORDER), so
+    that under pytest-xdist the many short tests fill in at the end. The units: a test alone
+    where it shares nothing with its neighbours (most end-to-end tests), else its module
+    (fixtures of module scope are set up once), tests/local_runtime/ whole (one vLLM server for
+    it), and the demo drafter's trainer with the tests that serve it (it is trained once)."""
     def directory(item: pytest.Item) -> str:
         return item.path.parent.name
 
     def serves_demo_drafter(item: pytest.Item) -> bool:
         return item.get_closest_marker("uses_demo_drafter") is not None
 
+    def in_demo_drafter_group(item: pytest.Item) -> bool:
+        return serves_demo_drafter(item) or (directory(item) == "e2e"
+                                             and item.path.name == DEMO_DRAFTER_TRAINER)
+
+    def first(item: pytest.Item) -> int:
+        path = "tests/e2e/" + DEMO_DRAFTER_TRAINER if in_demo_drafter_group(item) \
+            else str(item.path.relative_to(config.rootpath))
+        return FIRST.index(path) if path in FIRST else len(FIRST)
+
     # Within a directory, the tests that serve the session's demo drafter after the one that
     # trains it (tests/e2e/conftest.py, DemoDrafter).
-    items.sort(key=lambda item: (ORDER.index(directory(item)) if directory(item) in ORDER
-                                 else len(ORDER), serves_demo_drafter(item)))
+    items.sort(key=lambda item: (first(item), ORDER.index(directory(item))
+                                 if directory(item) in ORDER else len(ORDER),
+                                 serves_demo_drafter(item)))
     for item in items:
         if directory(item) == "local_runtime":
             group = "local_runtime"
-        elif serves_demo_drafter(item) or (directory(item) == "e2e"
-                                          and item.path.name == DEMO_DRAFTER_TRAINER):
+        elif in_demo_drafter_group(item):
             group = "e2e-demo-drafter"  # one worker: the drafter's trainer, then its servers
         elif directory(item) == "e2e" and not any(
                 fixture.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()

@@ -36,3 +36,12 @@ def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
     grouped = [(worker, suffix) for worker, test, suffix in ran if test.startswith("test_grouped")]
     assert len({worker for worker, _ in grouped}) == 1, run.stdout
     assert all(suffix == "@together" for _, suffix in grouped), run.stdout
+
+
+def test_the_units_put_first_exist() -> None:
+    """tests/conftest.py puts the longest work units first by their files' paths: a file
+    renamed or moved would drop silently to its directory's place."""
+    from tests.conftest import DEMO_DRAFTER_TRAINER, FIRST, ROOT
+
+    assert all((ROOT / path).is_file() for path in FIRST), FIRST
+    assert "tests/e2e/" + DEMO_DRAFTER_TRAINER in FIRST
