@@ -90,24 +90,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 # --- the order of the suite, and its work units under pytest-xdist ---------------------------------
 
-ORDER = ("e2e", "local_runtime", "integration", "unit")  # the longest tests first
 DEMO_DRAFTER_TRAINER = "test_serving.py"  # the e2e module that trains the session's demo drafter
-# `make test` keeps the order below (--no-loadscope-reorder). Ahead of everything, the longest
-# work units: the demo drafter's chain (its trainer and the tests that serve it, about 10 minutes
-# on one worker), then Schemathesis, which needs no demo assets, so that on a cold cache the
-# second worker has work while the first makes them, then the dashboard's flow.
+# `make test` keeps the order below (--no-loadscope-reorder). First the longest work units: the
+# demo drafter's chain (its trainer and the tests that serve it, about 10 minutes on one worker),
+# then Schemathesis, which needs no demo assets (on a cold cache one worker fuzzes the API while
+# the other makes them), then the dashboard's flow.
 FIRST = ("tests/e2e/test_serving.py", "tests/integration/test_schemathesis.py",
          "tests/e2e/test_dashboard.py")
+# Then the integration and unit tests, beside what remains of the chain: they mostly wait on
+# subprocesses, Postgres and Redis, and leave a core half idle among themselves, which the
+# chain's training and serving take. Then the other end-to-end tests, which fill both cores.
+ORDER = ("integration", "unit", "local_runtime", "e2e")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The suite's order and the work units pytest-xdist's ``loadgroup`` hands out, in that
-    order. The order: the longest units first (FIRST), then the slow directories (ORDER), so
-    that under pytest-xdist the many short tests fill in at the end. The units: a test alone
-    where it shares nothing with its neighbours (most end-to-end tests), else its module
-    (fixtures of module scope are set up once), tests/local_runtime/ whole (one vLLM server for
-    it), and the demo drafter's trainer with the tests that serve it (it is trained once)."""
+    order. The order: the longest units first (FIRST), then by directory (ORDER). The units: a
+    test alone where it shares nothing with its neighbours (most end-to-end tests), else its
+    module (fixtures of module scope are set up once), tests/local_runtime/ whole (one vLLM
+    server for it), and the demo drafter's trainer with the tests that serve it (it is trained
+    once)."""
     def directory(item: pytest.Item) -> str:
         return item.path.parent.name
 
