@@ -97,10 +97,11 @@ DEMO_DRAFTER_TRAINER = "test_serving.py"  # the e2e module that trains the sessi
 # the other makes them), then the dashboard's flow.
 FIRST = ("tests/e2e/test_serving.py", "tests/integration/test_schemathesis.py",
          "tests/e2e/test_dashboard.py")
-# Then the integration and unit tests, beside what remains of the chain: they mostly wait on
-# subprocesses, Postgres and Redis, and leave a core half idle among themselves, which the
-# chain's training and serving take. Then the other end-to-end tests, which fill both cores.
-ORDER = ("integration", "unit", "local_runtime", "e2e")
+# Then the other end-to-end tests, and the many short ones at the end, so that neither worker
+# waits long for the other. (The integration and unit tests right after FIRST, beside the
+# chain, took longer in all: the end-to-end tests then ended the run, and one worker waited
+# 123 s for the other's last one; docs/ci.md, run 51.)
+ORDER = ("e2e", "local_runtime", "integration", "unit")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups into node ids
