@@ -36,6 +36,9 @@ KINDS = [
     ("SpecDeck worker", "specdeck worker"), ("pytest and its xdist workers", "pytest"),
     ("pytest and its xdist workers", "exec(eval(sys.stdin"), ("node (Playwright)", "node"),
 ]
+# A vLLM server's start: its launcher (local.serve), forked from a preloader or not.
+VLLM_STARTS = ("vLLM API server",)
+TOP = int(os.environ.get("SUITE_CPU_TOP", "30"))  # the tests listed, most CPU first
 PLUGIN = '''
 import json, os
 def pytest_runtest_call(item):
@@ -65,6 +68,7 @@ class Sampler:
         self.seen: dict[tuple[str, str], tuple[str, str | None]] = {}  # (pid, start) -> labels
         self.last: dict[tuple[str, str], float] = {}
         self.cpu: collections.Counter[tuple[str, str | None]] = collections.Counter()
+        self.started: collections.Counter[tuple[str, str | None]] = collections.Counter()
 
     def sample(self) -> None:
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -76,6 +80,7 @@ class Sampler:
                 if key not in self.seen:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
                     self.seen[key] = kind_of(cmdline.decode(errors="replace")), mark_of(pid)
+                    self.started[self.seen[key]] += 1
             except (OSError, IndexError, ValueError):
                 continue
             self.cpu[self.seen[key]] += seconds - self.last.get(key, 0.0)
@@ -108,17 +113,23 @@ def main(pytest_args: list[str]) -> int:
           f"({total / (wall * cores):.0%})\n")
     by_kind: collections.Counter[str] = collections.Counter()
     by_test: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    processes: collections.Counter[str] = collections.Counter()
+    vllm_starts: collections.Counter[str] = collections.Counter()
     for (kind, mark), seconds in cpu.items():
         by_kind[kind] += seconds
         if mark in tests:
             by_test[tests[mark]][kind] += seconds
-    print("| process | CPU s | share |\n|---|---|---|")
+    for (kind, mark), count in sampler.started.items():
+        processes[kind] += count
+        if mark in tests and kind in VLLM_STARTS:
+            vllm_starts[tests[mark]] += count
+    print("| process | CPU s | share | processes seen |\n|---|---|---|---|")
     for kind, seconds in by_kind.most_common():
-        print(f"| {kind} | {seconds:.0f} | {seconds / total:.0%} |")
-    print("\n| test (processes it started) | CPU s | most of it |\n|---|---|---|")
-    for test, kinds in sorted(by_test.items(), key=lambda item: -sum(item[1].values()))[:15]:
+        print(f"| {kind} | {seconds:.0f} | {seconds / total:.0%} | {processes[kind]} |")
+    print("\n| test (processes it started) | CPU s | vLLM servers | most of it |\n|---|---|---|---|")
+    for test, kinds in sorted(by_test.items(), key=lambda item: -sum(item[1].values()))[:TOP]:
         top = ", ".join(f"{kind} {seconds:.0f}" for kind, seconds in kinds.most_common(3))
-        print(f"| `{test}` | {sum(kinds.values()):.0f} | {top} |")
+        print(f"| `{test}` | {sum(kinds.values()):.0f} | {vllm_starts[test]} | {top} |")
     return pytest.returncode
 
 

@@ -122,8 +122,10 @@ def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings,
     heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
                           lease_seconds=settings.lease_seconds)
     with heartbeat:
+        # On the local runtime the engine is forked from a preloader that imported vLLM once
+        # for the deployment (runner.py): its restarts and promotions skip vLLM's imports.
         ctx = JobContext(lease=lease, spec=deployment["spec"], settings=settings, heartbeat=heartbeat,
-                         secrets=[api_key])
+                         secrets=[api_key], preload_vllm=settings.vllm_preload)
         ending: tuple[DeploymentStatus, dict[str, Any]] | None
         try:
             serve(ctx, deployment["name"], api_key, deployment["restarts"])

@@ -75,7 +75,8 @@ class JobContext:
     plan: Plan | None = None  # set once the verifier server's port is known
     verifier_server: ManagedProcess | None = None  # the hidden-states server, while it runs
     # The local runtime's vLLM servers forked from one import per job (preload.py): set for
-    # pipeline jobs that start several (``preloads``); a deployment starts one.
+    # pipeline jobs that start several (``preloads``) and for deployments (an engine each start,
+    # restart and promotion).
     preload_vllm: bool = False
     _preloader: tuple[ManagedProcess, str] | None = None  # the process, its socket's path
     _preload_lock: threading.Lock = field(default_factory=threading.Lock)

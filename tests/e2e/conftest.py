@@ -27,6 +27,30 @@ def job_processes(job_id: str) -> list[int]:
     return [pid for pid in live_processes() if belongs_to(pid, job_id)]
 
 
+def engine_processes(deployment_id: str) -> list[int]:
+    """A deployment's engine: its processes but its vLLM preloader (the local runtime's
+    deployments fork each engine from one, which serves the engine's restarts): the launchers,
+    the servers forked for them and their engine cores. Killing these is an engine crash."""
+    from app.supervise import live_processes
+
+    table = live_processes()
+
+    def preloader(pid: int) -> bool:  # forked servers keep their preloader's command line
+        return PRELOADER in cmdline(pid) and PRELOADER not in cmdline(table[pid][0])
+
+    return [pid for pid in job_processes(deployment_id) if pid in table and not preloader(pid)]
+
+
+PRELOADER = b"workers.runtimes.local.preload"
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def upload_demo(stack: Stack, api: Api, demo_assets, conversations: int | None = None
                 ) -> dict[str, str]:
     """The demo verifier under the models root and the demo conversations uploaded (the first

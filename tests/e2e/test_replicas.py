@@ -25,7 +25,8 @@ import openai
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.e2e.conftest import DemoDrafter, checkpoint_row, demo_checkpoint, job_processes
+from tests.e2e.conftest import (DemoDrafter, checkpoint_row, demo_checkpoint, engine_processes,
+                                job_processes)
 from tests.e2e.test_live_acceptance import LIVE_ENV
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
 from tests.e2e.test_promotion import engine_drafters
@@ -176,7 +177,7 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
              "a stream on each engine")
     load = Load(client, 30)
     wait_for(lambda: running(victim["url"]) >= 2, 120, "a plain request beside the stream")
-    killed = job_processes(victim["id"])
+    killed = engine_processes(victim["id"])
     assert killed, "replica 1's engine processes"
     for pid in killed:
         os.kill(pid, signal.SIGKILL)

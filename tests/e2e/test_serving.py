@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import Api, Stack
-from tests.e2e.conftest import DemoDrafter, first_loss, job_processes
+from tests.e2e.conftest import DemoDrafter, engine_processes, first_loss, job_processes
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, assert_demo_job, submit
 from tests.support.waiting import wait_for
 from tests.support.api_server import start_api, stop_api
@@ -96,7 +96,7 @@ def requests_cut_by_a_crash(client: openai.OpenAI, upstream: str, deployment_id:
     for thread in threads:
         thread.start()
     wait_for(lambda: running(upstream) >= 2, 60, "both requests on the engine")
-    for pid in job_processes(deployment_id):
+    for pid in engine_processes(deployment_id):
         os.kill(pid, signal.SIGKILL)
     for thread in threads:
         thread.join(timeout=60)
