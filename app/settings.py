@@ -95,9 +95,10 @@ class Settings(BaseSettings):
     # database is unreachable before it gives up on the write.
     database_retry_seconds: float = Field(default=60.0, ge=0)
     cancel_grace_seconds: float = 5.0
-    # The local runtime: a job that starts several vLLM servers, and a deployment (its engine's
-    # restarts and promotions), import vLLM once and fork each server from that import
-    # (workers/runtimes/local/preload.py), about 13 s less per server after the first on 2 cores.
+    # The local runtime: a job imports vLLM, prepare-data and the trainer once and forks each of
+    # its processes from that import (workers/runtimes/local/preload.py), and a deployment its
+    # engines (restarts and promotions): on 2 cores about 13 s less per vLLM server after the
+    # first, and most of prepare-data's and the trainer's starts.
     vllm_preload: bool = True
     # The Hugging Face Hub endpoint for publishing and model lookups (unset: huggingface_hub's
     # default, or HF_ENDPOINT).

@@ -30,13 +30,16 @@ HZ = os.sysconf("SC_CLK_TCK")
 # (kind, what its command line contains), the first that matches.
 KINDS = [
     ("vLLM engine core", "EngineCore"), ("chromium", "chromium"), ("Postgres", "postgres"),
-    ("Redis", "redis-server"), ("vLLM preloader and its servers", "local.preload"),
-    ("vLLM API server", "local.serve"), ("trainer", "speculators"), ("trainer", "torchrun"),
-    ("trainer", "local.train"), ("specdeck run", "specdeck run"), ("SpecDeck API", "specdeck api"),
+    ("Redis", "redis-server"), ("vLLM API server", "local.serve"), ("trainer", "local.train"),
+    ("prepare-data", "speculators"), ("trainer", "torchrun"),
+    # after its launchers (local.preload launch MODULE): the preloader and what it forked
+    ("preloader and its servers", "local.preload"),
+    ("specdeck run", "specdeck run"), ("SpecDeck API", "specdeck api"),
     ("SpecDeck worker", "specdeck worker"), ("pytest and its xdist workers", "pytest"),
     ("pytest and its xdist workers", "exec(eval(sys.stdin"), ("node (Playwright)", "node"),
 ]
-# A vLLM server's start: its launcher (local.serve), forked from a preloader or not.
+# A vLLM server's start: its command (local.serve), or its launcher (local.preload launch
+# workers.runtimes.local.serve) when a preloader forks it.
 VLLM_STARTS = ("vLLM API server",)
 TOP = int(os.environ.get("SUITE_CPU_TOP", "30"))  # the tests listed, most CPU first
 PLUGIN = '''

@@ -1,14 +1,14 @@
-"""What the job's vLLM preloader saves (workers/runtimes/local/preload.py): vLLM's API server
-forked from a preloader that imported it once, behind a thin launcher that keeps what the worker
-and the tests see of a server process (docs/ci.md).
+"""What the job's preloader saves on vLLM's starts (workers/runtimes/local/preload.py): vLLM's API
+server forked from a preloader that imported it once, behind a thin launcher that keeps what the
+worker and the tests see of a server process (docs/ci.md).
 
     .venv/bin/python benchmarks/vllm_preload.py                # the demo verifier, 3 rounds
     .venv/bin/python benchmarks/vllm_preload.py --model DIR --rounds 5
 
 Side by side in one run, interleaved: the worker's command (``python -m
 workers.runtimes.local.serve ARGS``) without a preloader (a fresh Python importing vLLM), and the
-same command with ``SPECDECK_VLLM_PRELOADER`` naming a warm preloader's socket, as a job's
-servers after its first get it; each timed from spawn to /health 200 and to the first
+launcher the worker starts in its place when the job has a warm preloader (``launcher_argv``,
+``SPECDECK_VLLM_PRELOADER`` naming its socket), as a job's servers after its first get it; each timed from spawn to /health 200 and to the first
 hidden-states file, as benchmarks/vllm_start.py does. Then the checks the design rests on, each
 printed with its result: the launcher's command line and environment are the job's, it exits
 with the server's status on SIGTERM, and a SIGKILL of its group takes the server and its engine
@@ -34,7 +34,8 @@ from app.runtimes.vllm import CPU_ENV  # noqa: E402
 from app.supervise import live_processes  # noqa: E402
 from benchmarks._stack import free_port, load, machine, ratio, table  # noqa: E402
 from benchmarks.vllm_start import demo_model, server_argv, time_server  # noqa: E402
-from workers.runtimes.local.preload import PRELOADER_ENV, preloader_argv  # noqa: E402
+from workers.runtimes.local.preload import (PRELOADER_ENV, launcher_argv,  # noqa: E402
+                                            preloader_argv)
 
 MARKER = "SPECDECK_PRELOAD_BENCH"  # in the launcher's environment: must show in /proc/PID/environ
 
@@ -84,16 +85,19 @@ def main() -> None:
             def argv_for(port: int) -> list[str]:
                 return server_argv(model, args.layers, work, port)
 
-            variants = {"no preloader (a fresh Python imports vLLM)": env,
-                        "launcher, forked by the warm preloader": {**env, PRELOADER_ENV: sock}}
+            def launched(port: int) -> list[str]:
+                return launcher_argv(argv_for(port))
+
+            forked = {**env, PRELOADER_ENV: sock}
+            variants = {"no preloader (a fresh Python imports vLLM)": (argv_for, env),
+                        "launcher, forked by the warm preloader": (launched, forked)}
             times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
             for _ in range(args.rounds):  # interleaved, so a busy moment hits both alike
-                for name, variant_env in variants.items():
+                for name, (argv_of, variant_env) in variants.items():
                     port = free_port()
-                    times[name].append(time_server(argv_for(port), variant_env, model, work,
+                    times[name].append(time_server(argv_of(port), variant_env, model, work,
                                                    port))
-            checks = check_the_design(argv_for, variants["launcher, forked by the warm preloader"],
-                                      model, work, pre.pid)
+            checks = check_the_design(launched, forked, model, work, pre.pid)
         finally:
             os.killpg(pre.pid, signal.SIGTERM)
             pre.wait(30)

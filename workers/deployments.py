@@ -124,8 +124,10 @@ def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings,
     with heartbeat:
         # On the local runtime the engine is forked from a preloader that imported vLLM once
         # for the deployment (runner.py): its restarts and promotions skip vLLM's imports.
-        ctx = JobContext(lease=lease, spec=deployment["spec"], settings=settings, heartbeat=heartbeat,
-                         secrets=[api_key], preload_vllm=settings.vllm_preload)
+        spec = deployment["spec"]
+        ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat,
+                         secrets=[api_key],
+                         preload=settings.vllm_preload and spec.get("runtime") == "local")
         ending: tuple[DeploymentStatus, dict[str, Any]] | None
         try:
             serve(ctx, deployment["name"], api_key, deployment["restarts"])

@@ -18,12 +18,11 @@ from typing import Any
 from app.db import session_scope, with_retries
 from app.logtail import tail
 from app.runtimes import JobPaths, Plan, StageCommand
-from app.runtimes.vllm import CPU_LAUNCHER
 from app.services.scheduling import schedule
 from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
-from workers.runtimes.local.preload import PRELOADER_ENV, preloader_argv
+from workers.runtimes.local.preload import PRELOADER_ENV, forks, launcher_argv, preloader_argv
 from workers.supervisor import Group, ManagedProcess
 
 log = logging.getLogger(__name__)
@@ -52,14 +51,6 @@ class PipelineStage:
     stage: Stage
     run: Callable[["JobContext"], None]
     when: Callable[[dict[str, Any]], bool] = lambda spec: True  # does the job need it?
-    vllm_servers: int = 0  # the vLLM servers it starts (on the local runtime, see preloads)
-
-
-def preloads(stages: list[PipelineStage], spec: dict[str, Any]) -> bool:
-    """Whether the job's stages start more than one vLLM server: only then does importing vLLM
-    once for them (the local runtime's preloader) pay for itself. A single server starts sooner
-    on its own, and the preloader would hold its memory through training."""
-    return sum(stage.vllm_servers for stage in stages if stage.when(spec)) > 1
 
 
 @dataclass
@@ -74,10 +65,9 @@ class JobContext:
     secrets: list[str] = field(default_factory=list)
     plan: Plan | None = None  # set once the verifier server's port is known
     verifier_server: ManagedProcess | None = None  # the hidden-states server, while it runs
-    # The local runtime's vLLM servers forked from one import per job (preload.py): set for
-    # pipeline jobs that start several (``preloads``) and for deployments (an engine each start,
-    # restart and promotion).
-    preload_vllm: bool = False
+    # The local runtime's processes (vLLM servers, prepare-data, the trainer) forked from one
+    # import of their modules per job or deployment (preload.py): set on the local runtime.
+    preload: bool = False
     _preloader: tuple[ManagedProcess, str] | None = None  # the process, its socket's path
     _preload_lock: threading.Lock = field(default_factory=threading.Lock)
     _watched: list[tuple[str, ManagedProcess, Path]] = field(default_factory=list)
@@ -163,27 +153,28 @@ class JobContext:
     def start(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
               log_path: Path | None = None) -> ManagedProcess:
         """Start a process in its own group; its pgid is recorded so orphans can be reaped."""
-        env = command.env
-        if self.preload_vllm and command.argv[:3] == CPU_LAUNCHER[:3]:
-            env = {**env, **self._preloader_env(command)}
+        argv, env = command.argv, command.env
+        if self.preload and forks(argv) and (preloader := self._preloader_env(command)):
+            argv, env = launcher_argv(argv), {**env, **preloader}
         self.event("process", f"starting: {command.description}",
-                   {"argv": command.argv, "env": command.redacted_env(), "gpus": command.gpus})
-        proc = ManagedProcess(command.argv, env=env, log_path=log_path or self.paths.log,
+                   {"argv": argv, "env": command.redacted_env(), "gpus": command.gpus})
+        proc = ManagedProcess(argv, env=env, log_path=log_path or self.paths.log,
                               job_id=self.job_id, secrets=self.secrets, on_line=on_line,
                               description=command.description)
         self._track(proc.pgid, add=True)
         return proc
 
     def _preloader_env(self, command: StageCommand) -> dict[str, str]:
-        """Where the job's vLLM preloader listens, started with this first server's environment
-        on the first call; nothing once it has died (the launcher then runs vLLM itself)."""
+        """Where the job's preloader listens, started with this first process's environment on
+        the first call; nothing once it has died (the command then runs as it is)."""
         with self._preload_lock:
             if self._preloader is None:
                 folder = tempfile.mkdtemp(prefix="specdeck-vllm-")  # 0700, and a short path
                 self.on_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
                 path = os.path.join(folder, "preloader.sock")
                 preloader = self.start(StageCommand(
-                    command.stage, "vLLM preloader (imports vLLM once for the job's servers)",
+                    command.stage, "preloader (imports vLLM and speculators once for the job's "
+                    "processes)",
                     preloader_argv(path), command.env))
                 self.on_cleanup(lambda: self.stop(preloader))
                 self._preloader = preloader, path
@@ -278,7 +269,7 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
     with heartbeat:
         stages = load_pipeline(settings.pipeline)
         ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat,
-                         preload_vllm=settings.vllm_preload and preloads(stages, spec))
+                         preload=settings.vllm_preload and spec.get("runtime") == "local")
         try:
             outcome = _run_stages(ctx, stages)
         finally:

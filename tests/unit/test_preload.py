@@ -1,7 +1,8 @@
-"""The job's vLLM preloader (workers/runtimes/local/preload.py), with a double of vLLM's API
-server (tests/support/forked_server.py) so that each start takes milliseconds: real processes,
-a real Unix socket, real signals. A launcher is serve.py's role: what the worker starts and
-supervises; the server it stands in for must act on what it was given and never outlive it."""
+"""The job's preloader (workers/runtimes/local/preload.py), with a double of vLLM's API server
+(tests/support/forked_server.py) so that each start takes milliseconds: real processes, a real
+Unix socket, real signals, the real launcher (``python -m workers.runtimes.local.preload launch
+MODULE ARGS``). The launcher is what the worker starts and supervises; the server it stands in
+for must act on what it was given and never outlive it."""
 
 from __future__ import annotations
 
@@ -18,12 +19,11 @@ import psutil
 import pytest
 
 from tests.support.waiting import wait_for
-from workers.runtimes.local.preload import PRELOADER_ENV, connect, preloader_argv
+from workers.runtimes.local.preload import (PRELOADER_ENV, connect, forks, launcher_argv,
+                                            preloader_argv)
 
 DOUBLE = "tests.support.forked_server"
 ROOT = Path(__file__).resolve().parents[2]
-LAUNCH = ("import sys; from workers.runtimes.local import preload; "
-          "preload.launch(preload.connect(sys.argv[1], 30), sys.argv[2:])")
 
 
 @pytest.fixture
@@ -38,11 +38,14 @@ def preloader(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     proc.wait(10)
 
 
-def launcher(path: str, *argv: str, cwd: Path, env: dict[str, str] | None = None
+def launcher(path: str | None, *argv: str, cwd: Path, env: dict[str, str] | None = None
              ) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", LAUNCH, path, *argv], cwd=cwd, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.PIPE, start_new_session=True)
+    """What the worker starts for ``python -m DOUBLE ARGS`` when the job has a preloader at
+    ``path`` (None: none)."""
+    preloader = {PRELOADER_ENV: path} if path else {}
+    return subprocess.Popen(launcher_argv([sys.executable, "-m", DOUBLE, *argv]), cwd=cwd,
+                            text=True, stdout=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **preloader, **(env or {})})
 
 
 def started(proc: subprocess.Popen[str]) -> dict[str, str]:
@@ -134,22 +137,65 @@ def test_a_preloader_that_died_before_listening_is_not_waited_for(tmp_path):
 
 def test_the_launcher_does_not_pass_the_socket_on(preloader, tmp_path):
     path, _ = preloader
-    proc = launcher(path, "--show-env", PRELOADER_ENV, cwd=tmp_path, env={PRELOADER_ENV: path})
+    proc = launcher(path, "--show-env", PRELOADER_ENV, cwd=tmp_path)
     assert started(proc)["env"] == "None"
     proc.terminate()
     proc.wait(10)
 
 
-def test_only_jobs_that_start_several_vllm_servers_preload() -> None:
-    """The hidden-states server alone starts sooner without a preloader; evaluation or
-    regeneration adds servers, and then the preloader pays for itself."""
-    from workers.pipeline import PIPELINE
-    from workers.runner import preloads
+def test_with_no_preloader_to_reach_the_launcher_runs_the_module_itself(tmp_path):
+    gone = str(tmp_path / "gone" / "preloader.sock")
+    for path in (None, gone):
+        proc = launcher(path, "--show-env", "ONLY_THE_LAUNCHER", cwd=tmp_path,
+                        env={"ONLY_THE_LAUNCHER": "yes"})
+        seen = started(proc)
+        assert seen["server"] == str(proc.pid) and seen["env"] == "yes"
+        assert seen["argv"] == "['--show-env', 'ONLY_THE_LAUNCHER']"
+        proc.terminate()
+        assert proc.wait(10) == 3
 
-    speculator = {"total_seq_len": 512}
-    assert preloads(PIPELINE, {"speculator": speculator})  # evaluated (the default)
-    assert not preloads(PIPELINE, {"speculator": speculator, "evaluate": False})
-    assert preloads(PIPELINE, {"speculator": speculator, "evaluate": False,
-                               "data": {"regenerate": True}})
-    assert not preloads(PIPELINE, {"speculator": speculator, "evaluate": False,
-                                   "publish": "org/name", "deploy": {"name": "d"}})
+
+def test_a_server_uses_the_openmp_threads_its_own_environment_asks_for(tmp_path):
+    """OpenMP read the preloader's OMP_NUM_THREADS when torch was imported there: a server whose
+    environment asks for another count (the trainer's) gets it."""
+    path = str(tmp_path / "preloader.sock")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "3"}
+    pre = subprocess.Popen(preloader_argv(path, DOUBLE, "torch"), cwd=ROOT, env=env,
+                           start_new_session=True)
+    try:
+        wait_for(lambda: os.path.exists(path), 120, "the preloader's socket")
+        for threads in ("1", "2"):
+            proc = launcher(path, "--show-env", "OMP_NUM_THREADS", "--show-torch-threads",
+                            cwd=tmp_path, env={"OMP_NUM_THREADS": threads})
+            seen = started(proc)
+            assert (seen["env"], seen["torch_threads"]) == (threads, threads)
+            proc.terminate()
+            assert proc.wait(10) == 3
+    finally:
+        os.killpg(pre.pid, signal.SIGKILL)
+        pre.wait(10)
+
+def test_a_local_jobs_python_processes_fork_and_nothing_else_does() -> None:
+    """vLLM's servers, prepare-data and the single-process trainer of the local runtime's plan
+    are forked; torchrun (its workers are its own children) and the GPU runtime's commands are
+    not (a job preloads on the local runtime only: workers/runner.py)."""
+    from app.runtimes import build_plan
+    from app.runtimes.local import serve_command
+    from tests.unit.test_runtimes import PATHS, spec
+
+    def local(trainer_gpus: int) -> dict:
+        return spec(runtime="local", resources={"trainer_gpus": trainer_gpus, "verifier": {
+            "tensor_parallel_size": 1, "data_parallel_size": 1}})
+
+    # The hidden-states server, prepare-data, the trainer and the evaluation's three engines.
+    plan = build_plan(local(1), PATHS, port=7)
+    assert len(plan.stages) == 6 and all(forks(stage.argv) for stage in plan.stages)
+    assert not forks(build_plan(local(2), PATHS, port=7).stage("training").argv)  # torchrun
+    assert not forks(build_plan(spec(), PATHS, port=7).stage("starting_verifier").argv)  # vllm serve
+    served = serve_command({"verifier": "demo", "drafter": None, "method": "ngram",
+                            "num_speculative_tokens": 7, "runtime": "local", "resources": {}},
+                           "d", port=1, host="127.0.0.1", gpus=[], api_key="k")
+    launched = launcher_argv(served.argv)
+    assert forks(served.argv) and launched[:5] == [
+        sys.executable, "-m", "workers.runtimes.local.preload", "launch",
+        "workers.runtimes.local.serve"] and launched[5:] == served.argv[3:]

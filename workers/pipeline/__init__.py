@@ -22,12 +22,11 @@ def evaluate_and_gate(ctx: JobContext) -> None:
 
 PIPELINE: list[PipelineStage] = [
     PipelineStage(Stage.REGENERATING_DATA, regenerate,
-                  when=lambda spec: data_settings(spec)["regenerate"], vllm_servers=1),
-    PipelineStage(Stage.STARTING_VERIFIER, start_verifier, vllm_servers=1),
+                  when=lambda spec: data_settings(spec)["regenerate"]),
+    PipelineStage(Stage.STARTING_VERIFIER, start_verifier),
     PipelineStage(Stage.PREPARING_DATA, prepare_data),
     PipelineStage(Stage.TRAINING, train),
-    # At least the drafter's engine; the baselines' too unless turned off (evaluate.py).
-    PipelineStage(Stage.EVALUATING, evaluate_and_gate, vllm_servers=1,
+    PipelineStage(Stage.EVALUATING, evaluate_and_gate,
                   when=lambda spec: evaluation_settings(spec) is not None),
     PipelineStage(Stage.PUBLISHING, publish, when=lambda spec: bool(spec.get("publish"))),
     PipelineStage(Stage.DEPLOYING, deploy, when=lambda spec: bool(spec.get("deploy"))),

@@ -1,26 +1,34 @@
-"""vLLM imported once per job: a preloader forks each of the job's vLLM servers on the CPU.
+"""Python imported once per job: a preloader forks the local runtime's Python processes.
 
-A job of the local runtime starts up to four vLLM servers (hidden states, then the evaluation's
-engines) and each one's start is mostly the API server's imports: about 13 of 22 s on 2 cores
-(docs/ci.md, ``benchmarks/vllm_preload.py``). Here those imports are paid once per job:
+A job of the local runtime starts vLLM servers (hidden states, the evaluation's engines),
+speculators' prepare-data and the trainer, and each one's start is mostly its imports: vLLM's
+API server about 13 of 22 s on 2 cores (docs/ci.md, ``benchmarks/vllm_preload.py``), prepare-data
+and the trainer about 6 s each, nearly all of it torch and transformers, which vLLM imports too.
+Here those imports are paid once per job (and once per deployment, for its engines):
 
-- **preloader** (``python -m workers.runtimes.local.preload SOCKET``): started by the job
-  (workers/runner.py) with the job's environment, in a session of its own like every process a
-  job starts; imports vLLM's API server (with serve.py's forked engine core) and then, for each
-  launcher that connects to its Unix socket, forks a **server**. The servers stay in its process
-  group and inherit its environment block, so what finds a job's processes (the job's id in
-  ``/proc/PID/environ``, the recorded groups) finds them. It is a child subreaper: an engine core
-  whose server died is handed to it, and it kills it.
+- **preloader** (``python -m workers.runtimes.local.preload preloader SOCKET``): started by the
+  job (workers/runner.py) with the environment of its first such process, in a session of its
+  own like every process a job starts; imports vLLM's API server (with serve.py's forked engine
+  core), prepare-data's and the trainer's modules (``FORKED``), then, for each launcher that
+  connects to its Unix socket, forks a **server**. The servers stay in its process group and
+  inherit its environment block, so what finds a job's processes (the job's id in
+  ``/proc/PID/environ``, the recorded groups) finds them. It is a child subreaper: a process
+  whose server died (vLLM's engine core) is handed to it, and it kills it.
 - **server** (the preloader's child): takes the launcher's stdio, working directory and
-  environment, then runs vLLM's module as serve.py does. It dies, engine core included, when its
-  launcher's pipe reaches end-of-file: when the launcher is gone, however it died.
-- **launcher**: ``python -m workers.runtimes.local.serve ARGS`` as before, with ``PRELOADER_ENV``
-  naming the socket. It hands over its argv, environment, cwd and stdio, forwards SIGTERM and
-  SIGINT to the server and exits with its status, so the worker supervises it exactly as it
-  supervised vLLM itself. With no preloader to reach, it runs vLLM itself.
+  environment, then runs the launcher's module as ``python -m`` would. It dies, with what it
+  started, when its launcher's pipe reaches end-of-file: when the launcher is gone, however it
+  died.
+- **launcher** (``python -m workers.runtimes.local.preload launch MODULE ARGS``): what the worker
+  starts in place of ``python -m MODULE ARGS`` when the job has a preloader (``launcher_argv``),
+  with ``PRELOADER_ENV`` naming the socket. It hands over the module, its arguments, environment,
+  cwd and stdio, forwards SIGTERM and SIGINT to the server and exits with its status, so the
+  worker supervises it exactly as it supervised the command itself. With no preloader to reach,
+  it runs the module itself.
 
-The socket lives in a directory only the job's user can enter (0700): whoever connects can start
-a process as that user.
+What a module reads from the environment when it is imported comes from the preloader's, the
+job's: the same for all its processes (the threads OpenMP may use, which differ, are set again in
+each server from its own ``OMP_NUM_THREADS``). The socket lives in a directory only the job's
+user can enter (0700): whoever connects can start a process as that user.
 """
 
 from __future__ import annotations
@@ -37,40 +45,55 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import NoReturn
 
 from app.supervise import descendants, live_processes
 
 PRELOADER_ENV = "SPECDECK_VLLM_PRELOADER"  # the preloader's socket, in a launcher's environment
 MODULE = "workers.runtimes.local.preload"
+SERVE = "workers.runtimes.local.serve"  # vLLM's API server, its engine core forked
+# What a preloader forks: the modules a local job runs with ``python -m``, and what each imports
+# (prepare-data's command is ``python -m speculators prepare-data``; the trainer's entry point
+# imports speculators' trainer when it runs).
+FORKED = {SERVE: (SERVE,), "speculators": ("speculators.cli",),
+          "workers.runtimes.local.train": ("workers.runtimes.local.train", "speculators.train.cli")}
 READY_TIMEOUT = 120.0  # how long a launcher waits for the preloader's imports
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def preloader_argv(path: str, module: str | None = None) -> list[str]:
-    """The preloader's command; its servers run ``module`` (default: vLLM's API server)."""
-    return [sys.executable, "-m", MODULE, path, *([module] if module else [])]
+def preloader_argv(path: str, *modules: str) -> list[str]:
+    """The preloader's command; it imports ``modules`` (default: what ``FORKED`` names)."""
+    return [sys.executable, "-m", MODULE, "preloader", path, *modules]
 
 
-def preload(path: str, module: str | None = None) -> NoReturn:
-    """The preloader: import the servers' module once (vLLM's API server, with serve.py's
-    forked engine core), then fork a server per launcher."""
+def forks(argv: Sequence[str]) -> bool:
+    """Whether a preloader can start ``argv``: ``python -m`` one of the ``FORKED`` modules."""
+    return list(argv[:2]) == [sys.executable, "-m"] and len(argv) > 2 and argv[2] in FORKED
+
+
+def launcher_argv(argv: Sequence[str]) -> list[str]:
+    """``python -m MODULE ARGS`` (``forks(argv)``) as the launcher that has it forked."""
+    return [sys.executable, "-m", MODULE, "launch", *argv[2:]]
+
+
+def preload(path: str, modules: Sequence[str]) -> NoReturn:
+    """The preloader: import the servers' modules once (vLLM's API server with serve.py's forked
+    engine core, prepare-data's, the trainer's), then fork a server per launcher."""
     began = time.monotonic()
     with open(path + ".pid", "w") as pid_file:  # a launcher stops waiting once this pid is gone
         pid_file.write(str(os.getpid()))
-    if module is None:
-        from workers.runtimes.local.serve import API_SERVER, fork_the_engine_core
-
-        fork_the_engine_core()
-        module = API_SERVER
-    importlib.import_module(module)
+    for module in modules or [m for imports in FORKED.values() for m in imports]:
+        importlib.import_module(module)
+        if module == SERVE:
+            sys.modules[SERVE].prepare()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: orphans go to init
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".tmp")
     listener.listen(16)
     os.rename(path + ".tmp", path)  # connectable once it exists
-    print(f"{module} preloaded in {time.monotonic() - began:.1f} s; its servers fork from here",
+    print(f"preloaded in {time.monotonic() - began:.1f} s; the job's processes fork from here",
           flush=True)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -91,7 +114,7 @@ def preload(path: str, module: str | None = None) -> NoReturn:
                     other.close()
                 for fd in (wake_r, wake_w):
                     os.close(fd)
-                serve(json.loads(message), fds, module)
+                serve(json.loads(message), fds)
             for fd in fds:
                 os.close(fd)
             conn.send(str(pid).encode())
@@ -119,7 +142,7 @@ def reap(launchers: dict[int, socket.socket]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def serve(request: dict, fds: list[int], module: str) -> NoReturn:
+def serve(request: dict, fds: list[int]) -> NoReturn:
     """In the forked child: become the launcher's server; never returns."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -131,9 +154,17 @@ def serve(request: dict, fds: list[int], module: str) -> NoReturn:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if "torch" in sys.modules and (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit():
+        sys.modules["torch"].set_num_threads(int(threads))  # OpenMP read it at the import
     threading.Thread(target=die_with_the_launcher, args=(launcher_gone,), daemon=True).start()
-    sys.argv = [module, *request["argv"]]
-    sys.modules.pop(module, None)  # run afresh as __main__ (its imports are what was preloaded)
+    os._exit(run(request["module"], request["argv"]))
+
+
+def run(module: str, argv: Sequence[str]) -> int:
+    """``python -m module argv`` in this interpreter; its exit status."""
+    sys.argv = [module, *argv]
+    if not hasattr(sys.modules.get(module), "__path__"):  # a package runs its __main__
+        sys.modules.pop(module, None)  # run afresh as __main__ (its imports are what was loaded)
     code = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -142,7 +173,7 @@ def serve(request: dict, fds: list[int], module: str) -> NoReturn:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 def die_with_the_launcher(launcher_gone: int) -> None:
@@ -182,11 +213,11 @@ def alive(pid_path: str) -> bool:
     return pid in live_processes()
 
 
-def launch(conn: socket.socket, argv: list[str]) -> NoReturn:
+def launch(conn: socket.socket, module: str, argv: Sequence[str]) -> NoReturn:
     """The launcher: have the preloader fork the server, stand in for it until it exits."""
     gone_r, gone_w = os.pipe()  # gone_w is held here only: its end-of-file says we are gone
     env = {k: v for k, v in os.environ.items() if k != PRELOADER_ENV}
-    request = {"argv": argv, "env": env, "cwd": os.getcwd()}
+    request = {"module": module, "argv": list(argv), "env": env, "cwd": os.getcwd()}
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2, gone_r])
     os.close(gone_r)
     pid = int(conn.recv(64))
@@ -201,5 +232,18 @@ def launch(conn: socket.socket, argv: list[str]) -> NoReturn:
     sys.exit(128 - code if code < 0 else code)
 
 
+def main(argv: Sequence[str]) -> None:
+    role, rest = argv[0], argv[1:]
+    if role == "preloader":
+        preload(rest[0], rest[1:])
+    module, args = rest[0], rest[1:]  # launch
+    if (path := os.environ.pop(PRELOADER_ENV, None)) and (conn := connect(path)):
+        launch(conn, module, args)
+    if path:
+        print(f"the job's preloader ({path}) can't be reached: {module} starts here",
+              file=sys.stderr, flush=True)
+    sys.exit(run(module, args))
+
+
 if __name__ == "__main__":
-    preload(*sys.argv[1:3])
+    main(sys.argv[1:])

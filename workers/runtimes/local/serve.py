@@ -17,18 +17,16 @@ every GPU), and the engine core binds its own threads afterwards as it does when
 local runtime's e2e tests serve, extract hidden states and evaluate through this launcher, and
 compare its outputs with vLLM's.
 
-Within a job, this process is only a launcher: with ``PRELOADER_ENV`` set, the job's preloader
-(preload.py), which imported all of this once, forks the server and this process stands in for
-it; the worker sees no difference.
+Within a job or a deployment, the worker starts it through the preloader's launcher (preload.py):
+the preloader, which imported all of this once, forks it; the worker sees no difference.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
-
-from workers.runtimes.local import preload
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -36,6 +34,8 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 def fork_the_engine_core() -> None:
     from vllm.platforms import cpu
 
+    if getattr(cpu.CpuPlatform, "forks_its_engine_core", False):  # done already (a preloader)
+        return
     check_and_update_config = cpu.CpuPlatform.check_and_update_config.__func__
 
     def forking(cls: type[cpu.CpuPlatform], vllm_config: object) -> None:
@@ -43,14 +43,16 @@ def fork_the_engine_core() -> None:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
 
     cpu.CpuPlatform.check_and_update_config = classmethod(forking)  # type: ignore[method-assign]
+    cpu.CpuPlatform.forks_its_engine_core = True  # type: ignore[attr-defined]
+
+
+def prepare() -> None:
+    """What a preloader imports for the servers it forks: vLLM's API server, forking."""
+    fork_the_engine_core()
+    importlib.import_module(API_SERVER)
 
 
 def main() -> None:
-    if path := os.environ.get(preload.PRELOADER_ENV):
-        if conn := preload.connect(path):
-            preload.launch(conn, sys.argv[1:])
-        print(f"the job's vLLM preloader ({path}) can't be reached: vLLM starts here",
-              file=sys.stderr, flush=True)
     fork_the_engine_core()
     sys.argv[0] = API_SERVER
     runpy.run_module(API_SERVER, run_name="__main__", alter_sys=True)
