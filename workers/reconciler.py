@@ -87,7 +87,7 @@ def stop_orphans(found: list[Orphans]) -> None:
     started: same boot, same start time, the job's id in their environment) and say so on
     the job or deployment."""
     for orphans in found:
-        pids = [pid for group in orphans.groups for pid in reap(group, orphans.row_id)]
+        pids = reap(orphans.groups, orphans.row_id)
         if not pids:
             continue
         with session_scope() as session:

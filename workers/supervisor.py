@@ -158,8 +158,9 @@ class Group:
         return started is None or self.started is None or started == self.started
 
 
-def _group_members(pgid: int) -> list[int]:
-    return [pid for pid, (_, group) in live_processes().items() if group == pgid]
+def _group_members(pgids: list[int]) -> dict[int, int]:
+    """pid -> process group, for the live processes of ``pgids``."""
+    return {pid: group for pid, (_, group) in live_processes().items() if group in pgids}
 
 
 def belongs_to(pid: int, job_id: str) -> bool:
@@ -172,19 +173,25 @@ def belongs_to(pid: int, job_id: str) -> bool:
     return f"{JOB_ENV}={job_id}".encode() in environ.split(b"\0")
 
 
-def reap(group: Group, job_id: str, grace: float = 5.0) -> list[int]:
-    """Stop a process group a dead worker left behind (SIGTERM, ``grace`` seconds, SIGKILL),
-    but only if it is still the one recorded and runs this job. Returns the PIDs stopped (vLLM's
+def reap(groups: list[Group], job_id: str, grace: float = 5.0) -> list[int]:
+    """Stop the process groups a dead worker left behind for one job or deployment (SIGTERM,
+    ``grace`` seconds, SIGKILL), but only those still the ones recorded, and in them only if
+    they run this job. All at once: stopping one group can end a process of another (a launcher
+    whose preloader is gone), which is as much the job's. Returns the PIDs stopped (vLLM's
     EngineCore included: it lives in its API server's group)."""
-    if not group.is_current():
+    current = [group.pgid for group in groups if group.is_current()]
+    members = {pid: pgid for pid, pgid in _group_members(current).items()
+               if belongs_to(pid, job_id)}
+    ours = sorted(set(members.values()))  # the groups the job's processes are in
+    if not ours:
         return []
-    members = [pid for pid in _group_members(group.pgid) if belongs_to(pid, job_id)]
-    if not members:
-        return []
-    log.warning("stopping orphaned process group %s of %s (pids %s)", group.pgid, job_id, members)
-    signal_group(group.pgid, signal.SIGTERM)
+    log.warning("stopping orphaned process groups %s of %s (pids %s)", ours, job_id,
+                sorted(members))
+    for pgid in ours:
+        signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _group_members(group.pgid):
+    while time.monotonic() < deadline and _group_members(ours):
         time.sleep(0.05)
-    signal_group(group.pgid, signal.SIGKILL)
-    return members
+    for pgid in ours:
+        signal_group(pgid, signal.SIGKILL)
+    return sorted(members)
