@@ -38,13 +38,14 @@ def preloader(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     proc.wait(10)
 
 
-def launcher(path: str | None, *argv: str, cwd: Path, env: dict[str, str] | None = None
-             ) -> subprocess.Popen[str]:
+def launcher(path: str | None, *argv: str, cwd: Path, env: dict[str, str] | None = None,
+             stderr: int | None = None) -> subprocess.Popen[str]:
     """What the worker starts for ``python -m DOUBLE ARGS`` when the job has a preloader at
     ``path`` (None: none)."""
     preloader = {PRELOADER_ENV: path} if path else {}
     return subprocess.Popen(launcher_argv([sys.executable, "-m", DOUBLE, *argv]), cwd=cwd,
-                            text=True, stdout=subprocess.PIPE, start_new_session=True,
+                            text=True, stdout=subprocess.PIPE, stderr=stderr,
+                            start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **preloader, **(env or {})})
 
 
@@ -78,6 +79,15 @@ def test_a_server_that_exits_gives_its_status_to_the_launcher(preloader, tmp_pat
     path, _ = preloader
     proc = launcher(path, "--exit", "5", cwd=tmp_path)
     assert proc.wait(10) == 5
+
+
+def test_a_server_whose_module_raises_exits_1_with_its_traceback(preloader, tmp_path):
+    path, pre = preloader
+    proc = launcher(path, "--raise", cwd=tmp_path, stderr=subprocess.PIPE)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 1 and "RuntimeError: the double raised" in stderr
+    assert pre.poll() is None  # the preloader serves the job's next launcher
+    assert launcher(path, "--exit", "0", cwd=tmp_path).wait(10) == 0
 
 
 def test_sigterm_reaches_the_server_and_the_launcher_exits_after_it(preloader, tmp_path):

@@ -45,6 +45,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -157,7 +158,13 @@ def serve(request: dict, fds: list[int]) -> NoReturn:
     if "torch" in sys.modules and (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit():
         sys.modules["torch"].set_num_threads(int(threads))  # OpenMP read it at the import
     threading.Thread(target=die_with_the_launcher, args=(launcher_gone,), daemon=True).start()
-    os._exit(run(request["module"], request["argv"]))
+    code = 1  # what Python exits with when the module raises
+    try:
+        code = run(request["module"], request["argv"])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # never back into the preloader's loop
 
 
 def run(module: str, argv: Sequence[str]) -> int:
@@ -216,8 +223,7 @@ def alive(pid_path: str) -> bool:
 def launch(conn: socket.socket, module: str, argv: Sequence[str]) -> NoReturn:
     """The launcher: have the preloader fork the server, stand in for it until it exits."""
     gone_r, gone_w = os.pipe()  # gone_w is held here only: its end-of-file says we are gone
-    env = {k: v for k, v in os.environ.items() if k != PRELOADER_ENV}
-    request = {"module": module, "argv": list(argv), "env": env, "cwd": os.getcwd()}
+    request = {"module": module, "argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2, gone_r])
     os.close(gone_r)
     pid = int(conn.recv(64))
@@ -233,10 +239,13 @@ def launch(conn: socket.socket, module: str, argv: Sequence[str]) -> NoReturn:
 
 
 def main(argv: Sequence[str]) -> None:
-    role, rest = argv[0], argv[1:]
-    if role == "preloader":
+    role, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if role == "preloader" and rest:
         preload(rest[0], rest[1:])
-    module, args = rest[0], rest[1:]  # launch
+    if role != "launch" or not rest:
+        sys.exit(f"usage: python -m {MODULE} preloader SOCKET [MODULE ...] | launch MODULE [ARGS]")
+    module, args = rest[0], rest[1:]
+    # Not passed on: the server's environment is the launcher's, less the socket.
     if (path := os.environ.pop(PRELOADER_ENV, None)) and (conn := connect(path)):
         launch(conn, module, args)
     if path:
