@@ -28,9 +28,9 @@ def job_processes(job_id: str) -> list[int]:
 
 
 def engine_processes(deployment_id: str) -> list[int]:
-    """A deployment's engine: its processes but its vLLM preloader (the local runtime's
-    deployments fork each engine from one, which serves the engine's restarts): the launchers,
-    the servers forked for them and their engine cores. Killing these is an engine crash."""
+    """A deployment's engine: its processes but its preloader (the local runtime's deployments
+    fork each engine from one, which serves the engine's restarts): the launchers, the servers
+    forked for them and their engine cores. Killing these is an engine crash."""
     from app.supervise import live_processes
 
     table = live_processes()
@@ -41,7 +41,7 @@ def engine_processes(deployment_id: str) -> list[int]:
     return [pid for pid in job_processes(deployment_id) if pid in table and not preloader(pid)]
 
 
-PRELOADER = b"workers.runtimes.local.preload"
+PRELOADER = b"workers.runtimes.local.preload\0preloader\0"  # its command line (preload.py)
 
 
 def cmdline(pid: int) -> bytes:
