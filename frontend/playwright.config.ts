@@ -5,7 +5,7 @@
 //   SPECDECK_DEMO_DATA  the demo conversations (a .jsonl path) to upload; not uploaded yet
 //                       (the test runs `specdeck run --no-demo`)
 //   SPECDECK_ARTIFACTS  where screenshots and failure traces go (default test-results)
-//   PLAYWRIGHT_CHROMIUM the browser (default Debian's /usr/bin/chromium)
+//   PLAYWRIGHT_CHROMIUM the browser (default Debian's chromium-headless-shell)
 import path from "node:path";
 import { defineConfig } from "@playwright/test";
 
@@ -25,11 +25,13 @@ export default defineConfig({
   use: {
     baseURL: process.env.SPECDECK_URL,
     browserName: "chromium",
-    launchOptions: { executablePath: process.env.PLAYWRIGHT_CHROMIUM ?? "/usr/bin/chromium" },
+    launchOptions: { executablePath: process.env.PLAYWRIGHT_CHROMIUM ?? "/usr/lib/chromium/chromium-headless-shell" },
     viewport: { width: 1280, height: 800 },
     actionTimeout: 30_000,
     navigationTimeout: 30_000,
     screenshot: "only-on-failure",
-    trace: "retain-on-failure",
+    // A failure's trace keeps each action's DOM snapshot; no screencast of every frame (a fifth
+    // of the browser's CPU in the flow).
+    trace: { mode: "retain-on-failure", screenshots: false },
   },
 });
