@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -88,6 +89,10 @@ def preload(path: str, modules: Sequence[str]) -> NoReturn:
         importlib.import_module(module)
         if module == SERVE:
             sys.modules[SERVE].prepare()
+    # What was imported, out of the garbage collector's sight (Python's advice for fork without
+    # exec): a forked server's collections neither walk those objects nor write to their pages,
+    # which would copy them from the preloader's.
+    gc.freeze()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: orphans go to init
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
