@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     # engines (restarts and promotions): on 2 cores about 13 s less per vLLM server after the
     # first, and most of prepare-data's and the trainer's starts.
     vllm_preload: bool = True
+    # The KV cache of each of the local runtime's vLLM engines, in bytes (--kv-cache-memory-bytes):
+    # vLLM allocates and zeroes it when the engine starts. 1 GiB holds about 4,600 tokens of a
+    # Qwen3-0.6B in float32; the tests' demo verifier needs a few MiB.
+    local_kv_cache_bytes: int = Field(default=1 << 30, gt=0)
     # The Hugging Face Hub endpoint for publishing and model lookups (unset: huggingface_hub's
     # default, or HF_ENDPOINT).
     hf_endpoint: str | None = None

@@ -28,6 +28,9 @@ from app.runtimes.vllm import CPU_THREADS_ENV  # imports no torch
 # loads, so before anything imports torch; pytest-xdist's workers inherit it.
 for _name, _value in CPU_THREADS_ENV.items():
     os.environ.setdefault(_name, _value)
+# The demo verifier's engines (12 layers, 2 KV heads of 32, float32: 6 KiB a token) in a KV cache
+# of 64 MiB, not the default 1 GiB that every engine start would allocate and zero.
+os.environ.setdefault("SPECDECK_LOCAL_KV_CACHE_BYTES", str(64 << 20))
 
 from app.supervise import die_with_parent  # noqa: E402
 from tests.support import processes  # noqa: E402

@@ -33,8 +33,10 @@ SHARED_GPU_MEMORY_UTILIZATION = "0.45"
 # script fails at start; the API server module takes the same flags as `vllm serve`. The local
 # runtime runs it through a launcher that forks vLLM's engine core instead of spawning a fresh
 # Python (workers/runtimes/local/serve.py: a start about 8 s shorter on 2 cores). DFlash on a
-# CPU wants eager mode and no prefix caching (vLLM #44029); the KV cache is sized in GiB by
-# VLLM_CPU_KVCACHE_SPACE. float32: the local runtime's trainer reads the hidden states in float32.
+# CPU wants eager mode and no prefix caching (vLLM #44029). float32: the local runtime's trainer
+# reads the hidden states in float32. The KV cache is the worker's SPECDECK_LOCAL_KV_CACHE_BYTES
+# (``--kv-cache-memory-bytes``; vLLM's VLLM_CPU_KVCACHE_SPACE counts whole GiB only): vLLM
+# allocates and zeroes all of it at every engine start.
 CPU_SERVER_MODULE = "workers.runtimes.local.serve"
 CPU_LAUNCHER = [sys.executable, "-m", CPU_SERVER_MODULE, "--model"]
 CPU_FLAGS = ["--enforce-eager", "--no-enable-prefix-caching", "--dtype", "float32"]
@@ -46,12 +48,18 @@ CPU_THREADS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
 # instead of starting a third Python (on 2 cores the server is healthy in about 16 s, not 21;
 # benchmarks/vllm_start.py, docs/benchmarks.md).
-CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **CPU_THREADS_ENV}
+CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **CPU_THREADS_ENV}
 # vLLM 0.32's ExampleHiddenStatesConnector is CUDA-only; the local runtime's subclass is not.
 CPU_CONNECTOR = {"kv_connector": "CPUHiddenStatesConnector",
                  "kv_connector_module_path": "workers.runtimes.local.hidden_states_connector"}
 GPU_CONNECTOR = {"kv_connector": "ExampleHiddenStatesConnector"}
+
+
+def cpu_flags() -> list[str]:
+    """CPU_FLAGS and the KV cache's size, as this host's settings say."""
+    from app.settings import get_settings
+
+    return [*CPU_FLAGS, "--kv-cache-memory-bytes", str(get_settings().local_kv_cache_bytes)]
 
 
 def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str, *,
@@ -73,7 +81,7 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str,
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(paths.hidden_states)},
     }
-    device = CPU_FLAGS if cpu else [
+    device = cpu_flags() if cpu else [
         "--tensor-parallel-size", str(res["tensor_parallel_size"]),
         "--data-parallel-size", str(res["data_parallel_size"]),
         "--gpu-memory-utilization",
@@ -125,7 +133,7 @@ def serve_argv(spec: dict[str, Any], name: str, *, port: int | str, host: str,
     speculative tokens (the evaluation's baseline, data regeneration). The same flags on both
     runtimes; only the device flags differ."""
     config = speculative_config(spec)
-    device = CPU_FLAGS if cpu else [
+    device = cpu_flags() if cpu else [
         "--tensor-parallel-size", str(spec["resources"]["tensor_parallel_size"]),
         "--attention-backend", "flash_attn",
         "--max-num-batched-tokens", "32768",

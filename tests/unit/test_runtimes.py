@@ -9,6 +9,7 @@ import pytest
 
 from app.runtimes import JobPaths, build_plan
 from app.runtimes.local import serve_command
+from app.settings import get_settings
 
 SPEC = {
     "verifier": "Qwen/Qwen3-8B",
@@ -178,7 +179,8 @@ def test_local_runtime_runs_vllms_cpu_wheel_and_the_cpu_trainer() -> None:
                   "kv_connector_module_path": "workers.runtimes.local.hidden_states_connector",
                   "kv_role": "kv_producer",
                   "kv_connector_extra_config": {"shared_storage_path": "/w/job/hidden_states"}}
-    assert server.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert flag(server.argv, "--kv-cache-memory-bytes") == str(get_settings().local_kv_cache_bytes)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server.env  # it would override the flag, in whole GiB
     plan = local
     trainer = plan.stage("training").argv
     assert "workers.runtimes.local.train" in trainer and "--nproc_per_node=2" in trainer
