@@ -8,8 +8,11 @@ worker and the tests see of a server process (docs/ci.md).
 Side by side in one run, interleaved: the worker's command (``python -m
 workers.runtimes.local.serve ARGS``) without a preloader (a fresh Python importing vLLM), and the
 launcher the worker starts in its place when the job has a warm preloader (``launcher_argv``,
-``SPECDECK_VLLM_PRELOADER`` naming its socket), as a job's servers after its first get it; each timed from spawn to /health 200 and to the first
-hidden-states file, as benchmarks/vllm_start.py does. Then the checks the design rests on, each
+``SPECDECK_VLLM_PRELOADER`` naming its socket), as a job's servers after its first get it; and
+the same launcher forked by a preloader whose ``gc.freeze()`` is made a no-op (the benchmark's own
+patch, before the preloader's module runs). Each is timed from spawn to /health 200 and to the
+first hidden-states file, as benchmarks/vllm_start.py does, with the CPU seconds (user + system)
+of the server's processes by then. Then the checks the design rests on, each
 printed with its result: the launcher's command line and environment are the job's, it exits
 with the server's status on SIGTERM, and a SIGKILL of its group takes the server and its engine
 core with it.
@@ -33,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.runtimes.vllm import CPU_ENV  # noqa: E402
 from app.supervise import live_processes  # noqa: E402
 from benchmarks._stack import free_port, load, machine, ratio, table  # noqa: E402
-from benchmarks.vllm_start import demo_model, server_argv, time_server  # noqa: E402
-from workers.runtimes.local.preload import (PRELOADER_ENV, launcher_argv,  # noqa: E402
+from benchmarks.vllm_start import demo_model, server_argv, session_cpu, time_server  # noqa: E402
+from workers.runtimes.local.preload import (MODULE, PRELOADER_ENV, launcher_argv,  # noqa: E402
                                             preloader_argv)
 
 MARKER = "SPECDECK_PRELOAD_BENCH"  # in the launcher's environment: must show in /proc/PID/environ
@@ -59,6 +62,27 @@ def wait_gone(pids: list[int], seconds: float) -> bool:
     return False
 
 
+def unfrozen_preloader_argv(path: str) -> list[str]:
+    """The preloader's command with ``gc.freeze`` a no-op: what a forked server costs without it."""
+    patch = (f"import gc, runpy, sys; gc.freeze = lambda: None; "
+             f"sys.argv = ['{MODULE}', 'preloader', {path!r}]; "
+             f"runpy.run_module('{MODULE}', run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", patch]
+
+
+def start_preloader(argv: list[str], env: dict[str, str], log: Path, sock: str
+                    ) -> tuple[subprocess.Popen[bytes], float]:
+    """A preloader, and the seconds until its socket exists (its imports, once)."""
+    began = time.perf_counter()
+    pre = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    while not Path(sock).exists():
+        if pre.poll() is not None:
+            raise SystemExit(f"the preloader exited with {pre.returncode}: see {log}")
+        time.sleep(0.05)
+    return pre, time.perf_counter() - began
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a verifier directory (default: the demo's)")
@@ -70,18 +94,11 @@ def main() -> None:
         work = Path(tmp)
         model = args.model or demo_model(work)
         env = {**os.environ, **CPU_ENV}
-        sock = str(work / "preloader.sock")
-        began = time.perf_counter()
-        pre = subprocess.Popen(preloader_argv(sock), env=env,
-                               stdout=(work / "preloader.log").open("w"),
-                               stderr=subprocess.STDOUT, start_new_session=True)
+        sock, unfrozen_sock = str(work / "preloader.sock"), str(work / "unfrozen.sock")
+        pre, preloaded = start_preloader(preloader_argv(sock), env, work / "preloader.log", sock)
+        unfrozen, _ = start_preloader(unfrozen_preloader_argv(unfrozen_sock), env,
+                                      work / "unfrozen.log", unfrozen_sock)
         try:
-            while not Path(sock).exists():
-                if pre.poll() is not None:
-                    raise SystemExit(f"the preloader exited with {pre.returncode}")
-                time.sleep(0.05)
-            preloaded = time.perf_counter() - began
-
             def argv_for(port: int) -> list[str]:
                 return server_argv(model, args.layers, work, port)
 
@@ -89,29 +106,48 @@ def main() -> None:
                 return launcher_argv(argv_for(port))
 
             forked = {**env, PRELOADER_ENV: sock}
-            variants = {"no preloader (a fresh Python imports vLLM)": (argv_for, env),
-                        "launcher, forked by the warm preloader": (launched, forked)}
-            times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-            for _ in range(args.rounds):  # interleaved, so a busy moment hits both alike
-                for name, (argv_of, variant_env) in variants.items():
+            # name: (its command, its environment, the session its server's processes are in)
+            variants = {"no preloader (a fresh Python imports vLLM)": (argv_for, env, None),
+                        "launcher, forked by the warm preloader": (launched, forked, pre.pid),
+                        "the same, the preloader without gc.freeze()":
+                            (launched, {**env, PRELOADER_ENV: unfrozen_sock}, unfrozen.pid)}
+            times: dict[str, list[tuple[float, ...]]] = {name: [] for name in variants}
+            for _ in range(args.rounds):  # interleaved, so a busy moment hits all alike
+                for name, (argv_of, variant_env, session) in variants.items():
                     port = free_port()
-                    times[name].append(time_server(argv_of(port), variant_env, model, work,
-                                                   port))
+                    before = session_cpu(session) if session else (0.0, 0.0)
+                    cpu: list[float] = []
+
+                    def by_then(proc: subprocess.Popen[bytes], session=session, before=before,
+                                cpu=cpu) -> None:
+                        now = session_cpu(session or proc.pid)
+                        cpu.append(now[0] + now[1] - before[0] - before[1])
+
+                    timings = time_server(argv_of(port), variant_env, model, work, port,
+                                          keep=by_then)
+                    times[name].append((*timings, *cpu))
             checks = check_the_design(launched, forked, model, work, pre.pid)
         finally:
-            os.killpg(pre.pid, signal.SIGTERM)
-            pre.wait(30)
+            for preloader in (pre, unfrozen):
+                os.killpg(preloader.pid, signal.SIGTERM)
+                preloader.wait(30)
         medians = {name: statistics.median(r[0] for r in rows) for name, rows in times.items()}
+        cpu_medians = {name: statistics.median(r[2] for r in rows) for name, rows in times.items()}
         print(f"{machine()}, load {load():.2f}; the preloader was ready {preloaded:.1f} s "
               "after its spawn (its imports, once)\n")
         print(table(["variant", f"healthy after (median of {args.rounds})", "each",
-                     "first hidden-states file after"],
+                     "first hidden-states file after", "CPU by then"],
                     [[name, f"{medians[name]:.1f} s", ", ".join(f"{r[0]:.1f}" for r in rows),
-                      f"{statistics.median(r[1] for r in rows):.2f} s"]
+                      f"{statistics.median(r[1] for r in rows):.2f} s",
+                      f"{cpu_medians[name]:.1f} s"]
                      for name, rows in times.items()]))
-        today, forked = medians.values()
-        print(f"\nforked from the preloader, a server is healthy in {ratio(forked, today)} the "
-              f"time of today's command ({today - forked:.1f} s less per start)\n")
+        today, forked_start, unfrozen_start = medians.values()
+        fresh_cpu, forked_cpu, unfrozen_cpu = cpu_medians.values()
+        print(f"\nforked from the preloader, a server is healthy in {ratio(forked_start, today)} "
+              f"the time of today's command ({today - forked_start:.1f} s less per start), with "
+              f"{ratio(forked_cpu, fresh_cpu)} its CPU; gc.freeze() in the preloader: "
+              f"{ratio(forked_start, unfrozen_start)} the start and "
+              f"{ratio(forked_cpu, unfrozen_cpu)} the CPU of a preloader without it\n")
         for name, passed in checks.items():
             print(f"{'PASS' if passed else 'FAIL'}  {name}")
 
