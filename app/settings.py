@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     # vLLM allocates and zeroes it when the engine starts. 1 GiB holds about 4,600 tokens of a
     # Qwen3-0.6B in float32; the tests' demo verifier needs a few MiB.
     local_kv_cache_bytes: int = Field(default=1 << 30, gt=0)
+    # OpenMP threads of each of the local runtime's processes (vLLM's engines, prepare-data, a
+    # one-process trainer): unset, torch's default (every core) and 2 for the trainer. One suits
+    # tiny models, where a second thread costs more than it gives, and a host whose cores several
+    # engines and jobs share (docs/benchmarks.md, "OpenMP threads of the local runtime").
+    local_threads: int | None = Field(default=None, gt=0)
     # The Hugging Face Hub endpoint for publishing and model lookups (unset: huggingface_hub's
     # default, or HF_ENDPOINT).
     hf_endpoint: str | None = None

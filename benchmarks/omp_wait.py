@@ -1,7 +1,8 @@
 """OpenMP's waiting policy on a shared CPU: the local runtime's training work, one copy alone
 and two copies at once, with OpenMP's default (threads spin for a while before they sleep) next
 to ``OMP_WAIT_POLICY=PASSIVE`` (what the local runtime sets: app/runtimes/vllm.py's
-``CPU_THREADS_ENV``).
+``CPU_THREADS_ENV``); with ``--compare threads``, two OpenMP threads per process next to one
+(``SPECDECK_LOCAL_THREADS=1``, what the tests set), both waiting passively.
 
 The work is the demo job's own commands, from its dry-run plan (``POST /api/jobs/plan`` on a
 real ``specdeck api``): vLLM's hidden-states server, prepare-data against it, then the trainer,
@@ -10,6 +11,7 @@ two at once for each policy; each copy's time is its wall time, spawn to trainer
 
     .venv/bin/python benchmarks/omp_wait.py              # 1 epoch, 1 round (~8 min on 2 cores)
     .venv/bin/python benchmarks/omp_wait.py --epochs 2 --rounds 2
+    .venv/bin/python benchmarks/omp_wait.py --compare threads --rounds 2
 """
 
 from __future__ import annotations
@@ -41,8 +43,15 @@ from benchmarks._stack import (  # noqa: E402
 )
 from benchmarks.pipeline_overhead import CPU_SPECULATOR, direct_run  # noqa: E402
 
-POLICIES = {"default (spinning)": {"OMP_WAIT_POLICY": None},
-            "passive (the local runtime's)": {"OMP_WAIT_POLICY": "PASSIVE"}}
+# --compare: the variants, each the environment its commands run with on top of the plan's.
+COMPARISONS = {
+    "waiting": {"default (spinning)": {"OMP_WAIT_POLICY": None},
+                "passive (the local runtime's)": {"OMP_WAIT_POLICY": "PASSIVE"}},
+    # SPECDECK_LOCAL_THREADS: 2 is the trainer's own default on 2 cores and torch's for the rest.
+    "threads": {"2 threads": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"},
+                "1 thread (SPECDECK_LOCAL_THREADS=1)": {"OMP_WAIT_POLICY": "PASSIVE",
+                                                        "OMP_NUM_THREADS": "1"}},
+}
 
 
 def demo_plan(base: Path, model: Path, data: Path, epochs: int) -> tuple[dict, str]:
@@ -70,12 +79,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--compare", choices=COMPARISONS, default="waiting",
+                        help="OpenMP's waiting policy, or its threads per process")
     args = parser.parse_args()
+    policies = COMPARISONS[args.compare]
     exit_on_sigterm()
     from workers.runtimes.local.demo import create_demo_model, write_demo_data
 
-    alone: dict[str, list[float]] = {name: [] for name in POLICIES}
-    paired: dict[str, list[float]] = {name: [] for name in POLICIES}
+    alone: dict[str, list[float]] = {name: [] for name in policies}
+    paired: dict[str, list[float]] = {name: [] for name in policies}
     with tempfile.TemporaryDirectory(prefix="specdeck-bench-omp-") as tmp:
         base = Path(tmp)
         model = create_demo_model(base / "models" / "demo")
@@ -88,25 +100,27 @@ def main() -> None:
                               env_changes=changes)["wall"]
 
         for _ in range(args.rounds):
-            for name, changes in POLICIES.items():
+            for name, changes in policies.items():
                 alone[name].append(run(changes))
                 with ThreadPoolExecutor(2) as pool:
                     paired[name] += pool.map(run, [changes, changes])
                 print(f"{name}: alone {alone[name][-1]:.1f} s, two at once "
                       f"{paired[name][-2]:.1f} s and {paired[name][-1]:.1f} s", flush=True)
 
-    print(f"\n## OpenMP waiting on a shared CPU ({args.epochs} epoch(s), {args.rounds} round(s)); "
-          f"{machine()}, load {load():.2f}\n")
-    print(table(["OpenMP waiting", "one alone (median)", "two at once, each (median)",
+    print(f"\n## OpenMP {args.compare} on a shared CPU ({args.epochs} epoch(s), {args.rounds} "
+          f"round(s)); {machine()}, load {load():.2f}\n")
+    print(table([f"OpenMP {args.compare}", "one alone (median)", "two at once, each (median)",
                  "two at once / alone", "every run"],
                 [[name, f"{statistics.median(alone[name]):.1f} s",
                   f"{statistics.median(paired[name]):.1f} s",
                   ratio(statistics.median(paired[name]), statistics.median(alone[name])),
                   "alone " + ", ".join(f"{t:.1f}" for t in alone[name]) + "; two at once "
-                  + ", ".join(f"{t:.1f}" for t in paired[name])] for name in POLICIES]))
-    spinning, passive = (statistics.median(paired[name]) for name in POLICIES)
-    print(f"\ntwo at once, each copy took {ratio(spinning, passive)} as long with spinning "
-          f"waiters as with passive ones")
+                  + ", ".join(f"{t:.1f}" for t in paired[name])] for name in policies]))
+    first, second = policies
+    print(f"\ntwo at once, each copy of '{first}' took "
+          f"{ratio(statistics.median(paired[first]), statistics.median(paired[second]))} as long "
+          f"as one of '{second}'; alone, "
+          f"{ratio(statistics.median(alone[first]), statistics.median(alone[second]))}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,10 @@ for _name, _value in CPU_THREADS_ENV.items():
 # The demo verifier's engines (12 layers, 2 KV heads of 32, float32: 6 KiB a token) in a KV cache
 # of 64 MiB, not the default 1 GiB that every engine start would allocate and zero.
 os.environ.setdefault("SPECDECK_LOCAL_KV_CACHE_BYTES", str(64 << 20))
+# One OpenMP thread for each of the local runtime's processes: the demo verifier's ops are too
+# small for a second thread to pay, and two tests' engines and trainers share the 2 cores
+# (docs/benchmarks.md, "OpenMP threads of the local runtime").
+os.environ.setdefault("SPECDECK_LOCAL_THREADS", "1")
 
 from app.supervise import die_with_parent  # noqa: E402
 from tests.support import processes  # noqa: E402

@@ -48,11 +48,11 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
     processes = spec["resources"]["trainer_gpus"]
     port_text = str(port) if port else "<port>"
     endpoint = f"http://127.0.0.1:{port_text}"
-    cpu = {**cuda_env([]), **vllm.CPU_THREADS_ENV}
+    cpu = {**cuda_env([]), **vllm.cpu_threads_env()}
     stages = [
         StageCommand("starting_verifier", "vLLM server that extracts hidden states (CPU)",
                      vllm.verifier_server_argv(spec, paths, port_text, cpu=True),
-                     {**cpu, **vllm.CPU_ENV}),
+                     {**cpu, **vllm.cpu_env()}),
         StageCommand("preparing_data", "speculators prepare-data through the server's renderer",
                      prepare_data_argv(spec, paths, endpoint), cpu),
     ]
@@ -66,8 +66,9 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
         launcher = [sys.executable, "-m", "workers.runtimes.local.train"]
     stages.append(StageCommand("training", "speculators trainer on the CPU (gloo)",
                                launcher + trainer_args(spec, paths, endpoint) + CPU_TRAINER_FLAGS,
-                               {**cpu, "COLUMNS": "1000", "OMP_NUM_THREADS": "1"
-                                if processes > 1 else "2"}))
+                               {**cpu, "COLUMNS": "1000",
+                                "OMP_NUM_THREADS": "1" if processes > 1
+                                else cpu.get("OMP_NUM_THREADS", "2")}))
     return Plan(runtime="local", server_layer_ids=server_layer_ids(spec),
                 trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
                 verifier_gpus=[], trainer_gpus=[], stages=stages)
@@ -79,4 +80,4 @@ def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str
     the ``vllm`` runtime's command with the CPU device flags."""
     return StageCommand("serving", f"{vllm.serving_what(spec)} (CPU)",
                         vllm.serve_argv(spec, name, port=port, host=host, cpu=True),
-                        {**vllm.CPU_ENV, UPSTREAM_KEY_ENV: api_key})
+                        {**vllm.cpu_env(), UPSTREAM_KEY_ENV: api_key})

@@ -55,6 +55,19 @@ CPU_CONNECTOR = {"kv_connector": "CPUHiddenStatesConnector",
 GPU_CONNECTOR = {"kv_connector": "ExampleHiddenStatesConnector"}
 
 
+def cpu_threads_env() -> dict[str, str]:
+    """CPU_THREADS_ENV and, when this host's settings name it, each process's OpenMP threads."""
+    from app.settings import get_settings
+
+    threads = get_settings().local_threads
+    return {**CPU_THREADS_ENV, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+
+
+def cpu_env() -> dict[str, str]:
+    """CPU_ENV with this host's threads (cpu_threads_env)."""
+    return {**CPU_ENV, **cpu_threads_env()}
+
+
 def cpu_flags() -> list[str]:
     """CPU_FLAGS and the KV cache's size, as this host's settings say."""
     from app.settings import get_settings

@@ -196,6 +196,40 @@ def test_local_runtime_runs_vllms_cpu_wheel_and_the_cpu_trainer() -> None:
     assert "OMP_WAIT_POLICY" not in build_plan(SPEC, PATHS, port=7).stage("training").env
 
 
+@pytest.mark.parametrize("threads", [None, 1, 3])
+def test_the_local_runtimes_threads_are_the_hosts_setting(monkeypatch: pytest.MonkeyPatch,
+                                                          threads: int | None) -> None:
+    """SPECDECK_LOCAL_THREADS sets OMP_NUM_THREADS for every process of a local job and a local
+    engine; unset, they keep torch's default and a one-process trainer 2 threads. A trainer of
+    several processes has one each."""
+    from app.settings import get_settings
+
+    if threads is None:
+        monkeypatch.delenv("SPECDECK_LOCAL_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("SPECDECK_LOCAL_THREADS", str(threads))
+    get_settings.cache_clear()
+    try:
+        def local(trainer_gpus: int):
+            return build_plan(spec(runtime="local", resources={
+                "verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1},
+                "trainer_gpus": trainer_gpus}), PATHS, port=7)
+
+        served = serve_command({"verifier": "demo", "drafter": "/w/job/checkpoints/2",
+                                "num_speculative_tokens": 15, "runtime": "local",
+                                "resources": {}}, "demo", port=8000, host="127.0.0.1", gpus=[],
+                               api_key="k")
+        plan = local(1)
+        others = [s for s in plan.stages if s.stage != "training"]
+        assert [s.env.get("OMP_NUM_THREADS") for s in [*others, served]] == \
+            [None if threads is None else str(threads)] * (len(others) + 1)
+        assert plan.stage("training").env["OMP_NUM_THREADS"] == str(threads or 2)
+        assert local(2).stage("training").env["OMP_NUM_THREADS"] == "1"
+        assert "OMP_NUM_THREADS" not in build_plan(SPEC, PATHS, port=7).stage("starting_verifier").env
+    finally:
+        get_settings.cache_clear()
+
+
 @pytest.mark.parametrize("code, log, kind", [
     (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "cuda_oom"),
     (-9, "step 12", "host_oom_killed"),
