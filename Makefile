@@ -54,11 +54,12 @@ run: install dashboard-hint
 services:
 	@bash scripts/ensure-services.sh
 
-# The whole suite in one run of pytest under TEST_WORKERS xdist workers (2 by default; more on
-# a bigger machine), in tests/conftest.py's order: the longest work units first, the many short
+# The whole suite in one run of pytest under TEST_WORKERS xdist workers (3 by default: on 2 cores
+# the suite's processes leave a share of the CPU idle while they wait on each other; more on a
+# bigger machine), in tests/conftest.py's order: the longest work units first, the many short
 # tests filling in at the end. --no-loadscope-reorder keeps that order (pytest-xdist would
 # otherwise hand the units out by their number of tests). docs/testing.md has the figures.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: install services
 	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -40,7 +40,7 @@ def make_test(tmp_path: Path, rc: int, *args: str) -> tuple[int, list[str]]:
 def test_one_run_in_the_suites_order_with_the_arguments(tmp_path: Path) -> None:
     status, calls = make_test(tmp_path, 0, "PYTEST_ARGS=--durations=25")
     assert status == 0
-    assert calls == ["-m pytest tests -n 2 --dist loadgroup --no-loadscope-reorder --durations=25"]
+    assert calls == ["-m pytest tests -n 3 --dist loadgroup --no-loadscope-reorder --durations=25"]
 
 
 def test_the_workers_are_a_variable(tmp_path: Path) -> None:
