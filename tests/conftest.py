@@ -38,6 +38,7 @@ os.environ.setdefault("SPECDECK_LOCAL_THREADS", "1")
 
 from app.supervise import die_with_parent  # noqa: E402
 from tests.support import processes  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECDECK = str(Path(sys.executable).parent / "specdeck")
@@ -426,14 +427,12 @@ class Api:
         return response.json()["data"]
 
     def wait_status(self, job_id: str, statuses: set[str], timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            job = self.job(job_id)
-            if job["status"] in statuses:
-                return job
-            time.sleep(0.1)
-        raise AssertionError(f"{job_id} never reached {statuses}: {json.dumps(job)}\n"
-                             f"{json.dumps(self.events(job_id), indent=1)}")
+        try:
+            return wait_for(lambda: (job := self.job(job_id))["status"] in statuses and job,
+                            timeout, f"{job_id} to reach {statuses}")
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}: {json.dumps(self.job(job_id))}\n"
+                                 f"{json.dumps(self.events(job_id), indent=1)}") from None
 
 
 def new_key(project: str | None = None) -> str:
