@@ -66,7 +66,16 @@ def xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def stop_like_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # `kill`, `timeout` and CI runners stop a run with SIGTERM, which would end pytest at once
+    # and leave the engines and servers of the running tests (in sessions of their own) behind.
+    # Taken as Ctrl-C, it tears the fixtures down and ends the session, which stops the rest.
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop_like_ctrl_c)
     if not xdist_worker(config):
         processes.begin_session()
 
