@@ -80,13 +80,15 @@ from app.services.gateway import (
     Gateway,
     ProjectRoutes,
     Route,
+    gateway_lifespan,
+    get_gateway,
+)
+from app.services.upstream import (
     UpstreamBroken,
     UpstreamConnectError,
     UpstreamError,
     UpstreamResponse,
     UpstreamTimeout,
-    gateway_lifespan,
-    get_gateway,
 )
 from app.services.state import DeploymentStatus
 

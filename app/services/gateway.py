@@ -15,10 +15,8 @@ may call, and what they used. Everything on the request path is in memory.
   waits on the database. ``CaptureRecorder``: the same (``BatchWriter``) for the requests
   sampled by deployments that capture traffic, in a bounded queue: when it is full, a request
   goes on uncaptured and is counted as dropped (``app.services.capture``).
-* ``UpstreamClient``: one ``aiohttp.ClientSession`` per app: pooled keep-alive connections to the
-  upstreams, a read timeout per streamed chunk, bytes passed through undecoded. (aiohttp, not
-  httpx: against the same upstream in the same run, httpx cost about 1 ms of CPU per request
-  and aiohttp 0.3 ms, and the gateway's whole budget is 1 ms; see docs/benchmarks.md.)
+* ``UpstreamClient`` (``app.services.upstream``): pooled keep-alive connections to the
+  upstreams, a read timeout per streamed chunk, bytes passed through undecoded.
 * ``Balancer``: which replica of a deployment a request goes to (the fewest in flight from this
   process; one that failed to connect or broke is ejected for a few seconds).
 * ``Gateway``: the above, created and closed by the app's lifespan (``gateway_lifespan``).
@@ -40,7 +38,6 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
-import aiohttp
 from cryptography.fernet import InvalidToken, MultiFernet
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -53,6 +50,7 @@ from app.services.capture import Sampled
 from app.services.keys import hash_key
 from app.services.secrets import cipher
 from app.services.state import DeploymentStatus
+from app.services.upstream import UpstreamClient, UpstreamError
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -275,8 +273,6 @@ def upstream_target(base_url: str | None, key: str | None, path: str
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         log.error("unusable upstream URL %r", base_url)
         return None, None
-    # Every header aiohttp would add is here already: it then adds none (its skip list costs
-    # more CPU per request than anything else it does before the request is written).
     headers = {"Content-Type": "application/json", "Accept": "*/*",
                "Accept-Encoding": "identity", "User-Agent": "specdeck-gateway"}
     if key is not None:
@@ -451,37 +447,6 @@ class CaptureRecorder(BatchWriter[Sampled]):
         self.pending[:0] = sampled[cut:]
 
 
-# --- the upstream client -----------------------------------------------------------------------
-
-class UpstreamError(Exception):
-    """The upstream failed below HTTP: see the subclasses."""
-
-
-class UpstreamConnectError(UpstreamError):
-    """Refused, unreachable, or no connection within the connect timeout."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """No answer (or no next chunk) within the read timeout."""
-
-
-class UpstreamBroken(UpstreamError):
-    """The connection dropped before the end of the response, or the HTTP was malformed."""
-
-
-def _upstream_error(exc: BaseException) -> UpstreamError:
-    """aiohttp's exception as one of the above."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamConnectError(f"no connection within the connect timeout: {exc}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamConnectError(f"cannot connect: {exc}")
-    if isinstance(exc, TimeoutError):
-        return UpstreamTimeout("the upstream did not answer in time")
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return UpstreamBroken("the upstream closed the connection")
-    return UpstreamBroken(f"{type(exc).__name__}: {exc}")
-
-
 class ClientWatch:
     """Watches the client's connection once its request body has been read. When the client goes
     away, it cancels the request's task wherever that waits on the upstream (for the answer or
@@ -513,103 +478,6 @@ class ClientWatch:
             return False
         self.task.uncancel()
         return True
-
-
-class UpstreamResponse:
-    """An upstream response whose head has arrived; the body is read with ``read()`` or
-    ``next_chunk()``. ``close()`` before the end drops the connection (the request is aborted
-    upstream); reading to the end returns it to the pool. The request counts in flight
-    (``UpstreamClient.send``) until the first ``close()``."""
-
-    __slots__ = ("response", "status", "inflight", "key")
-
-    def __init__(self, response: aiohttp.ClientResponse, inflight: dict[str, int],
-                 key: str) -> None:
-        self.response, self.status = response, response.status
-        self.inflight: dict[str, int] | None = inflight
-        self.key = key
-
-    def header(self, name: str) -> str | None:
-        return self.response.headers.get(name)
-
-    async def next_chunk(self) -> bytes | None:
-        """What arrived of the body since the last call (all of it, in one piece, so that a
-        proxy passes on several upstream chunks in one write when it falls behind); None at the
-        end."""
-        try:
-            chunk = await self.response.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _upstream_error(exc) from None
-        if chunk:
-            return chunk
-        self.response.release()  # the whole body was read: the connection goes back to the pool
-        return None
-
-    def at_end(self) -> bool:
-        """Whether the whole body has arrived and been read (the next chunk is the end)."""
-        return self.response.content.at_eof()
-
-    async def read(self) -> bytes:
-        parts = []
-        while (chunk := await self.next_chunk()) is not None:
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def close(self) -> None:
-        """Drops the connection if the body was not read to the end; ends the count in flight."""
-        self.response.close()
-        if self.inflight is not None:
-            self.inflight[self.key] -= 1
-            self.inflight = None
-
-
-class UpstreamClient:
-    """One ``aiohttp.ClientSession`` for every upstream: pooled keep-alive connections, a
-    connect timeout, a read timeout per chunk, no decompression (bytes are passed through)."""
-
-    def __init__(self, connect_timeout: float, read_timeout: float, max_connections: int,
-                 keepalive: float = 4.0) -> None:
-        # keepalive: below uvicorn's (vLLM's) 5 s, so an idle connection is dropped here first.
-        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self.max_connections, self.keepalive = max_connections, keepalive
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:  # made in the event loop that uses it
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.max_connections,
-                                               keepalive_timeout=self.keepalive),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
-                                              sock_read=self.read_timeout),
-                auto_decompress=False)
-        return self._session
-
-    async def send(self, url: str, headers: dict[str, str], body: bytes,
-                   inflight: dict[str, int], key: str) -> UpstreamResponse:
-        """POST ``body``; return once the response head has arrived. ``inflight[key]`` counts
-        the request from now until the response is closed."""
-        inflight[key] = inflight.get(key, 0) + 1
-        try:
-            for attempt in (0, 1):
-                try:
-                    response = await self.session.post(url, data=body, headers=headers)
-                except aiohttp.ServerDisconnectedError:
-                    if attempt == 0:
-                        continue  # a pooled connection the upstream had closed: once more
-                    raise UpstreamBroken("the upstream closed the connection") from None
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise _upstream_error(exc) from None
-                return UpstreamResponse(response, inflight, key)
-            raise AssertionError("unreachable")
-        except BaseException:
-            inflight[key] -= 1
-            raise
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
 
 # --- balancing across replicas -----------------------------------------------------------------
