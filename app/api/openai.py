@@ -48,6 +48,7 @@ and is recorded per key in batches.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import re
@@ -74,6 +75,7 @@ from app.middleware import LATENCY, REQUESTS, too_large
 from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
+from app.services.limits import EARLY_REFUSED, Verdict
 from app.services.gateway import (
     Caller,
     ClientWatch,
@@ -84,6 +86,7 @@ from app.services.gateway import (
     get_gateway,
 )
 from app.services.upstream import (
+    Check,
     UpstreamBroken,
     UpstreamConnectError,
     UpstreamError,
@@ -116,13 +119,28 @@ async def authenticate(gateway: Gateway, header: str | None) -> Caller:
         raise unavailable(gateway) from None
     if caller is None:
         raise APIError(401, "Invalid API key", code="invalid_api_key", headers=_WWW_AUTH)
-    if gateway.limiter.enabled:
-        wait = await gateway.limiter.take(caller.key_id)
-        if wait is not None:
-            raise APIError(429, "Rate limit exceeded for this API key; retry after the number of "
-                           "seconds in Retry-After", code="rate_limit_exceeded",
-                           headers={"Retry-After": gateway.retry_after(wait)})
     return caller
+
+
+async def authenticate_limited(gateway: Gateway, header: str | None) -> Caller:
+    """The caller, within their key's rate limit (429 past it)."""
+    caller = await authenticate(gateway, header)
+    if gateway.limiter.enabled:
+        await enforce(gateway, gateway.limiter.ask(caller.key_id))
+    return caller
+
+
+async def enforce(gateway: Gateway, verdict: Verdict | None) -> None:
+    """429 if the rate limit refused the request (awaiting its answer); once per request."""
+    if verdict is None or verdict.checked:
+        return
+    verdict.checked = True
+    if (wait := await verdict.wait()) is not None:
+        if verdict.early:
+            EARLY_REFUSED.inc()
+        raise APIError(429, "Rate limit exceeded for this API key; retry after the number of "
+                       "seconds in Retry-After", code="rate_limit_exceeded",
+                       headers={"Retry-After": gateway.retry_after(wait)})
 
 
 def unavailable(gateway: Gateway) -> APIError:
@@ -443,7 +461,7 @@ class SSEProxy(Response):
 @router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> ModelList:
     gateway = get_gateway(request.app)
-    caller = await authenticate(gateway, request.headers.get("authorization"))
+    caller = await authenticate_limited(gateway, request.headers.get("authorization"))
     routes = await routes_of(gateway, caller)
     return ModelList(data=[Model(id=r.name, created=r.created, owned_by="specdeck")
                            for r in routes.ready])
@@ -453,7 +471,7 @@ async def list_models(request: Request) -> ModelList:
             responses=error_responses(404, 422))
 async def retrieve_model(model: str, request: Request) -> Model:
     gateway = get_gateway(request.app)
-    caller = await authenticate(gateway, request.headers.get("authorization"))
+    caller = await authenticate_limited(gateway, request.headers.get("authorization"))
     route = (await routes_of(gateway, caller)).by_name.get(model)
     if route is None or route.status != DeploymentStatus.READY.value:
         raise APIError(404, f"The model '{echo(model)}' does not exist or is not deployed",
@@ -577,28 +595,43 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(limit)  # before anything else, as for every route
     caller = await authenticate(gateway, authorization)
-    raw = await read_body(receive, limit)
-    if raw is None:
-        return None
+    # The rate limit's answer is asked for now; unless it may come while the request is on its
+    # way upstream (``Verdict.early``), it is awaited here, before anything else.
+    verdict = gateway.limiter.ask(caller.key_id) if gateway.limiter.enabled else None
+    if verdict is not None and not verdict.early:
+        await enforce(gateway, verdict)
+        verdict = None
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-        raise invalid("The request body is not valid JSON", None, "invalid_json") from None
-    model, stream = check_request(body, gateway.max_tokens)
-    route = await resolve(gateway, caller, model)
-    content, client_usage = upstream_body(raw, body, stream)
-    messages = body.get("messages")
-    if not stream:
-        return await complete(gateway, caller, route, content, receive, messages)
-    return await open_stream(gateway, caller, route, content, receive, client_usage, messages)
+        raw = await read_body(receive, limit)
+        if raw is None:
+            return None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            raise invalid("The request body is not valid JSON", None, "invalid_json") from None
+        model, stream = check_request(body, gateway.max_tokens)
+        route = await resolve(gateway, caller, model)
+        content, client_usage = upstream_body(raw, body, stream)
+        messages = body.get("messages")
+        limit_check = None if verdict is None else functools.partial(enforce, gateway, verdict)
+        if not stream:
+            return await complete(gateway, caller, route, content, receive, messages,
+                                  limit_check)
+        return await open_stream(gateway, caller, route, content, receive, client_usage,
+                                 messages, limit_check)
+    except Exception:
+        await enforce(gateway, verdict)  # a refused request is told so first, whatever else
+        raise
 
 
-async def upstream_answer(gateway: Gateway, route: Route, content: bytes,
-                          stream: bool) -> tuple[UpstreamResponse, bytes]:
+async def upstream_answer(gateway: Gateway, route: Route, content: bytes, stream: bool,
+                          limit_check: Check | None) -> tuple[UpstreamResponse, bytes]:
     """The response of a replica of ``route`` (the balancer's pick) and its body, or when
     streaming with a 200 its first chunk (the rest is left to read). A replica that cannot be
     reached or breaks before that is ejected, and the request goes once more, to another one if
-    the route has another: nothing has gone to the client yet. The caller closes the response."""
+    the route has another: nothing has gone to the client yet. The caller closes the response.
+    ``limit_check``: the rate limit's answer, awaited once the request is on its way and before
+    its answer (``UpstreamClient.send``)."""
     balancer = gateway.balancer
     replica = balancer.pick(route.replicas)
     retry = len(route.replicas) > 1
@@ -606,7 +639,8 @@ async def upstream_answer(gateway: Gateway, route: Route, content: bytes,
         upstream: UpstreamResponse | None = None
         try:
             upstream = await gateway.client.send(replica.url, replica.headers, content,
-                                                 balancer.inflight, replica.deployment_id)
+                                                 balancer.inflight, replica.deployment_id,
+                                                 limit_check)
             if not stream or upstream.status != 200:
                 return upstream, await upstream.read()
             first: bytes | None = None
@@ -627,10 +661,10 @@ async def upstream_answer(gateway: Gateway, route: Route, content: bytes,
 
 
 async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                   receive: Receive, messages: Any) -> Response | None:
+                   receive: Receive, messages: Any, limit_check: Check | None) -> Response | None:
     watch = ClientWatch(receive)
     try:
-        upstream, body = await upstream_answer(gateway, route, content, stream=False)
+        upstream, body = await upstream_answer(gateway, route, content, False, limit_check)
     except asyncio.CancelledError:
         if watch.swallow():
             return None  # the client went away: nobody is left to read it
@@ -651,11 +685,12 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                      receive: Receive, client_usage: bool, messages: Any) -> Response | None:
+                      receive: Receive, client_usage: bool, messages: Any,
+                      limit_check: Check | None) -> Response | None:
     upstream: UpstreamResponse | None = None
     watch = ClientWatch(receive)
     try:
-        upstream, first = await upstream_answer(gateway, route, content, stream=True)
+        upstream, first = await upstream_answer(gateway, route, content, True, limit_check)
         if upstream.status != 200:
             raise upstream_error(upstream.status, first, upstream.header("Retry-After"))
         if first.startswith(b'data: {"error"'):  # failed before generating: an HTTP error

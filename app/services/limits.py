@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from prometheus_client import Counter
 
 from app.settings import Settings
 
@@ -39,10 +40,14 @@ REVOKED_CHANNEL = "specdeck:revoked-keys"
 BUCKET_PREFIX = "specdeck:rate:"
 TIMEOUT = 0.5  # seconds: a slow Redis costs a request at most this, then it fails open
 WARN_EVERY = 30.0
+EARLY_REFUSED = Counter(
+    "specdeck_gateway_early_refused_total",
+    "Requests sent upstream before the rate limit answered, then refused by it (aborted there)")
 
 # KEYS[1]: the key's bucket, the time (µs, Redis's clock) at which it is next full (its
 # "theoretical arrival time"); ARGV[1]: µs per request at the limit; ARGV[2]: the burst's
-# tolerance, (burst - 1) x ARGV[1]. Returns 0 (take it) or the µs until a request may go.
+# tolerance, (burst - 1) x ARGV[1]. Returns {0, the requests that would still be taken now}
+# (taken) or {the µs until a request may go, 0}.
 GCRA = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
@@ -50,10 +55,10 @@ local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
-if now < tat - tolerance then return math.ceil(tat - tolerance - now) end
+if now < tat - tolerance then return {math.ceil(tat - tolerance - now), 0} end
 local next_tat = tat + interval
 redis.call('SET', KEYS[1], string.format('%d', next_tat), 'PX', math.ceil((next_tat - now) / 1000) + 1)
-return 0
+return {0, math.floor((now + tolerance - next_tat) / interval) + 1}
 """
 
 
@@ -61,6 +66,22 @@ def redis_url(settings: Settings) -> str | None:
     """Where limits and revocations are shared: the broker, when it is Redis."""
     url = settings.broker_url
     return url if url.startswith(("redis://", "rediss://")) else None
+
+
+class Verdict:
+    """The rate limit's answer on one request, asked for as the request comes in: ``wait()``
+    gives None (it may go) or the seconds until one could. ``early``: the request may be sent
+    upstream before the answer arrives (``RedisRateLimiter.ask``); it is awaited before the
+    upstream's answer, and a refusal aborts the request there."""
+
+    __slots__ = ("answer", "early", "checked")
+
+    def __init__(self, answer: asyncio.Future[float | None], early: bool) -> None:
+        self.answer, self.early = answer, early
+        self.checked = False  # acted on already (``app.api.openai.enforce``)
+
+    async def wait(self) -> float | None:
+        return await self.answer
 
 
 class LocalRateLimiter:
@@ -76,7 +97,12 @@ class LocalRateLimiter:
     def enabled(self) -> bool:
         return self.rate > 0
 
-    async def take(self, key_id: str) -> float | None:
+    def ask(self, key_id: str) -> Verdict:
+        answer: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        answer.set_result(self.take(key_id))
+        return Verdict(answer, early=False)
+
+    def take(self, key_id: str) -> float | None:
         """None if the request may go; otherwise the seconds until it could."""
         now = time.monotonic()
         bucket = self._buckets.get(key_id)
@@ -179,32 +205,60 @@ class Pipeline:
 
 
 class RedisRateLimiter:
-    """The same limit, one bucket per key in Redis for every API process (GCRA above)."""
+    """The same limit, one bucket per key in Redis for every API process (GCRA above).
+
+    Its answer is a round trip to Redis, as long as the rest of what the gateway adds to a
+    request on a small machine. So a request of a key that Redis last left room for goes
+    upstream while the answer is on its way (``Verdict.early``); the answer still decides, and
+    a refused request is aborted at the engine before its answer is read. How many of a key's
+    requests may go early is what Redis last said was left (``credit``), less this process's
+    questions of that key still unanswered: a key at its limit waits for every answer, so an
+    abusive client's excess never reaches an engine; only when several processes cross the
+    limit at once can a few early requests be refused."""
 
     def __init__(self, url: str, rpm: float, burst: int) -> None:
         self.enabled = rpm > 0
-        self.interval_us = round(60_000_000 / rpm) if rpm > 0 else 0
+        self.interval_us = max(1, round(60_000_000 / rpm)) if rpm > 0 else 0
         self.tolerance_us = self.interval_us * (max(1, burst) - 1)
         self.redis = Pipeline(aioredis.ConnectionPool.from_url(
             url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT))
         self.sha = hashlib.sha1(GCRA.encode()).hexdigest()
         self._warned = 0.0
+        self.credit: dict[str, int] = {}  # key id -> its requests that may go before the answer
+        self.asking: dict[str, int] = {}  # key id -> its questions to Redis not yet answered
+
+    def ask(self, key_id: str) -> Verdict:
+        credit = self.credit.get(key_id, 0)
+        if credit > 0:
+            self.credit[key_id] = credit - 1
+        return Verdict(asyncio.get_running_loop().create_task(self.take(key_id)), credit > 0)
 
     async def take(self, key_id: str) -> float | None:
         command = ("EVALSHA", self.sha, 1, BUCKET_PREFIX + key_id, self.interval_us,
                    self.tolerance_us)
+        asking = self.asking
+        asking[key_id] = asking.get(key_id, 0) + 1
         try:
             try:
-                wait_us = await self.redis.execute(*command)
+                wait_us, left = await self.redis.execute(*command)
             except redis.exceptions.NoScriptError:  # Redis restarted, or SCRIPT FLUSH
                 await self.redis.execute("SCRIPT", "LOAD", GCRA)
-                wait_us = await self.redis.execute(*command)
+                wait_us, left = await self.redis.execute(*command)
         except (redis.RedisError, OSError) as exc:
             if time.monotonic() - self._warned > WARN_EVERY:
                 self._warned = time.monotonic()
                 log.warning("the rate limit's Redis cannot be reached (%s: %s): requests go on "
                             "without a limit until it can", type(exc).__name__, exc)
+            self.credit.pop(key_id, None)
             return None
+        finally:
+            if asking[key_id] > 1:
+                asking[key_id] -= 1
+            else:
+                del asking[key_id]
+        if len(self.credit) > 100_000:
+            self.credit.clear()
+        self.credit[key_id] = max(0, left - asking.get(key_id, 0)) if not wait_us else 0
         return int(wait_us) / 1e6 if wait_us else None
 
     async def aclose(self) -> None:

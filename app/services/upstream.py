@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httptools
 
+Check = Callable[[], Awaitable[None]]
 PAUSE_AT = 256 * 1024  # bytes of body read from the upstream and not yet taken by the relay
 
 
@@ -291,9 +293,12 @@ class UpstreamClient:
         return known
 
     async def send(self, url: str, headers: dict[str, str], body: bytes,
-                   inflight: dict[str, int], key: str) -> UpstreamResponse:
+                   inflight: dict[str, int], key: str,
+                   check: Check | None = None) -> UpstreamResponse:
         """POST ``body``; return once the response head has arrived. ``inflight[key]`` counts
-        the request from now until the response is closed."""
+        the request from now until the response is closed. ``check`` is awaited once the
+        request has been written and before its answer is: if it raises, the request is
+        aborted (the upstream sees its client go) and the exception goes to the caller."""
         origin, start = self.target(url)
         head = b"".join((start, *(f"{n}: {v}\r\n".encode("latin-1") for n, v in headers.items()),
                          b"Content-Length: %d\r\n\r\n" % len(body)))
@@ -304,6 +309,9 @@ class UpstreamClient:
                 response = UpstreamResponse(connection, inflight, key)
                 connection.request(head, body, response)
                 try:
+                    if check is not None:
+                        await check()
+                        check = None
                     while not response.status:
                         if response.error is not None:
                             raise response.error

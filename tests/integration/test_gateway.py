@@ -677,3 +677,49 @@ def test_other_requests_pass_uvicorns_proxy_headers(gateway: Gateway) -> None:
 
     assert redirect(**{"X-Forwarded-Proto": "https"}) == f"https://{gateway.url.split('://')[1]}/api/jobs"
     assert redirect() == f"{gateway.url}/api/jobs"
+
+
+def test_a_key_past_its_rate_limit_never_reaches_the_upstream(gateway: Gateway) -> None:
+    """Requests may go upstream before the shared limit's answer (app.services.limits), but only
+    while Redis last left the key room: past the burst, not one more reaches the engine."""
+    key = make_key()
+    deploy(gateway, key, "m")
+    label = tag()
+    statuses = [gateway.chat(key, model="m", **control(tag=label)).status_code
+                for _ in range(RATE_BURST + 3)]
+    assert statuses == [200] * RATE_BURST + [429] * 3
+    assert len(gateway.upstream.requests(label)) == RATE_BURST
+
+
+def test_a_request_sent_early_and_then_refused_is_aborted_upstream(gateway: Gateway) -> None:
+    """The shared limit (Redis) gives a key with room left credit to go upstream before the
+    answer. When the answer is no (here another process took the bucket meanwhile: the test
+    fills it in Redis), the client gets the 429 and the engine's request is aborted."""
+    if gateway.backend != "postgres":
+        pytest.skip("the in-process limit (embedded broker) answers at once: nothing goes early")
+    import redis
+
+    from app.services.limits import BUCKET_PREFIX
+    from tests.conftest import REDIS_URL
+
+    def early_refused() -> float:
+        found = re.search(r"^specdeck_gateway_early_refused_total (\S+)$",
+                          httpx.get(f"{gateway.url}/metrics", timeout=10).text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    key = make_key()
+    deploy(gateway, key, "slow")
+    assert [gateway.chat(key, model="slow").status_code for _ in range(2)] == [200, 200]
+    before = early_refused()
+    with redis.Redis.from_url(REDIS_URL) as client:
+        seconds, micros = client.time()
+        client.set(BUCKET_PREFIX + key.id, str((seconds + 3600) * 1_000_000 + micros), px=60_000)
+    label = tag()
+    for stream in (False, True):  # each would take 30 s upstream, were it not aborted
+        response = gateway.chat(key, model="slow", stream=stream,
+                                **control(tag=label, tokens=3, delay=10))
+        assert_error(response, 429, "rate_limit_exceeded")
+    assert early_refused() == before + 1  # the first went early and was refused; the second waited
+    wait_for(lambda: all(r["disconnected"] for r in gateway.upstream.requests(label)),
+             what="the upstream to see the early request aborted")
+    assert not any(r["completed"] for r in gateway.upstream.requests(label))
