@@ -20,6 +20,7 @@ auth cache's TTL still bounds how long a revoked key is accepted.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -28,8 +29,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import hiredis
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import SSLConnection, parse_url
 from prometheus_client import Counter
 
 from app.settings import Settings
@@ -123,85 +126,129 @@ class LocalRateLimiter:
         return None
 
 
-class Pipeline:
-    """Commands of concurrent callers on one Redis connection: those that arrive while a batch
-    is on the wire go together as the next one (one write, the replies read in order), so each
-    costs one round trip and a few microseconds. redis-py's client takes a connection from its
-    pool, retries and wraps per call, and cost the gateway more CPU than the rest of its own
-    work on a request (docs/benchmarks.md, "A cheaper gateway"). redis-py still does the
-    protocol: its connection connects (AUTH, SELECT, TLS), packs the commands and parses the
-    replies (with hiredis)."""
+class _Resp(asyncio.Protocol):
+    """One connection to Redis: commands written in batches, one batch on the wire at a time
+    (what arrives meanwhile goes as the next, in one write), replies parsed by hiredis and
+    matched to the commands in order, as Redis answers them."""
 
-    def __init__(self, pool: aioredis.ConnectionPool) -> None:
-        self.pool = pool
-        self.queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        self.connection: Any = None
-        self.drainer: asyncio.Task[None] | None = None
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader(replyError=redis.ResponseError)
+        self.transport: asyncio.Transport | None = None
+        self.sent: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.queued: list[tuple[bytes, asyncio.Future[Any]]] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, packed: bytes) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_exception(redis.ConnectionError("the connection to Redis is closed"))
+        elif self.sent:
+            self.queued.append((packed, future))
+        else:
+            self.sent.append(future)
+            assert self.transport is not None
+            self.transport.write(packed)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        sent = self.sent
+        try:
+            while (reply := self.reader.gets()) is not False:
+                future = sent.popleft()
+                if not future.done():  # its caller gave up waiting
+                    future.set_result(reply)
+        except (hiredis.ProtocolError, IndexError) as exc:  # not in step with the commands
+            self.abort(redis.ConnectionError(f"Redis's reply could not be read: {exc}"))
+            return
+        if not sent and self.queued:
+            batch, self.queued = self.queued, []
+            sent.extend(future for _, future in batch)
+            assert self.transport is not None
+            self.transport.write(b"".join(packed for packed, _ in batch))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.abort(redis.ConnectionError("Redis closed the connection"))
+
+    def abort(self, error: Exception) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        waiting = [*self.sent, *(future for _, future in self.queued)]
+        self.sent.clear()
+        self.queued = []
+        for future in waiting:
+            if not future.done():
+                future.set_exception(error)
+
+
+class Pipeline:
+    """Commands of concurrent callers on one Redis connection (``_Resp``): each costs one round
+    trip and a few microseconds of CPU. redis-py's client takes a connection from its pool,
+    retries and wraps per call: one rate-limit call alone cost 121 us of CPU through it against
+    this one's 42, and 54 against 9 with 32 at once (``benchmarks/rate_limit.py``); through
+    redis-py's connection object without its client, as here until 2026-12-04, 81-85 us.
+    hiredis parses and packs; redis-py reads the URL (host, port, db, username, password, TLS)."""
+
+    def __init__(self, url: str) -> None:
+        options = parse_url(url)
+        self.host, self.port = options.get("host", "localhost"), options.get("port", 6379)
+        self.tls = options.get("connection_class") is SSLConnection
+        self.handshake = [command for command in (
+            ("AUTH", *filter(None, (options.get("username"), options["password"])))
+            if options.get("password") else None,
+            ("SELECT", options["db"]) if options.get("db") else None) if command]
+        self.connection: _Resp | None = None
+        self.connecting = asyncio.Lock()
 
     async def execute(self, *command: Any) -> Any:
-        """The command's reply (an error reply as its ``ResponseError``); raises
+        """The command's reply (an error reply raises its ``ResponseError``); raises
         ``redis.RedisError`` or ``OSError`` when Redis cannot be reached or is too slow."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.queue.append((command, future))
-        if self.drainer is None:
-            # Nothing on the wire: this caller sends at once (no task to wait for), and hands
-            # what queued meanwhile to a task.
-            self.drainer = asyncio.current_task()
-            try:
-                batch, self.queue = self.queue, []
-                await self._send(batch)
-            finally:
-                self.drainer = loop.create_task(self._drain()) if self.queue else None
-        reply = await future
-        if isinstance(reply, redis.ResponseError):
-            raise reply
-        return reply
-
-    async def _drain(self) -> None:
+        connection = self.connection
+        if connection is None or connection.closed:
+            connection = await self._connect()
+        reply = connection.send(hiredis.pack_command(command))
+        timer = asyncio.get_running_loop().call_later(TIMEOUT, self._too_slow, connection, reply)
         try:
-            while self.queue:
-                batch, self.queue = self.queue, []
-                await self._send(batch)
+            result = await reply
         finally:
-            self.drainer = None
-            if self.queue:  # cancelled with callers waiting: they are not left hanging
-                self.drainer = asyncio.get_running_loop().create_task(self._drain())
+            timer.cancel()
+        if isinstance(result, redis.ResponseError):
+            raise (redis.exceptions.NoScriptError(*result.args)
+                   if str(result).startswith("NOSCRIPT") else result)
+        return result
 
-    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        try:
-            async with asyncio.timeout(TIMEOUT):
-                if self.connection is None:
-                    self.connection = self.pool.make_connection()
-                connection = self.connection
-                await connection.send_packed_command(
-                    connection.pack_commands([command for command, _ in batch]),
-                    check_health=False)
-                for _, future in batch:
-                    try:
-                        reply = await connection.read_response(timeout=math.inf)
-                    except redis.ResponseError as exc:  # read: the next reply follows
-                        reply = exc
-                    if not future.done():
-                        future.set_result(reply)
-        except BaseException as exc:
-            # The connection's replies are no longer in step with the commands: a new one next.
-            await self.close()
-            failure = (redis.TimeoutError("Redis answered too slowly")
-                       if isinstance(exc, TimeoutError) else
-                       exc if isinstance(exc, (redis.RedisError, OSError)) else
-                       redis.ConnectionError("the command was interrupted"))
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure)
-            if not isinstance(exc, (redis.RedisError, OSError, TimeoutError)):
-                raise  # cancelled
+    @staticmethod
+    def _too_slow(connection: _Resp, reply: asyncio.Future[Any]) -> None:
+        if not reply.done():  # the replies behind it are late too: a new connection next
+            connection.abort(redis.TimeoutError("Redis answered too slowly"))
+
+    async def _connect(self) -> _Resp:
+        async with self.connecting:
+            if self.connection is not None and not self.connection.closed:
+                return self.connection  # another caller connected meanwhile
+            loop = asyncio.get_running_loop()
+            try:
+                async with asyncio.timeout(TIMEOUT):
+                    _, connection = await loop.create_connection(
+                        _Resp, self.host, self.port, ssl=self.tls or None)
+                    for reply in [connection.send(hiredis.pack_command(command))
+                                  for command in self.handshake]:
+                        if isinstance(answer := await reply, redis.ResponseError):
+                            connection.abort(answer)
+                            raise answer
+            except TimeoutError:
+                raise redis.TimeoutError("no connection to Redis within the timeout") from None
+            self.connection = connection
+            return connection
 
     async def close(self) -> None:
         connection, self.connection = self.connection, None
         if connection is not None:
-            with contextlib.suppress(Exception):
-                await connection.disconnect(nowait=True)
+            connection.abort(redis.ConnectionError("the pipeline was closed"))
 
 
 class RedisRateLimiter:
@@ -220,8 +267,7 @@ class RedisRateLimiter:
         self.enabled = rpm > 0
         self.interval_us = max(1, round(60_000_000 / rpm)) if rpm > 0 else 0
         self.tolerance_us = self.interval_us * (max(1, burst) - 1)
-        self.redis = Pipeline(aioredis.ConnectionPool.from_url(
-            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT))
+        self.redis = Pipeline(url)
         self.sha = hashlib.sha1(GCRA.encode()).hexdigest()
         self._warned = 0.0
         self.credit: dict[str, int] = {}  # key id -> its requests that may go before the answer

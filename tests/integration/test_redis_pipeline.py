@@ -6,12 +6,12 @@ reached fails every waiting command with a Redis error, and nobody is left waiti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 
-import pytest
 import redis
-import redis.asyncio as aioredis
+from redis.asyncio.connection import parse_url
 
 from app.services.limits import Pipeline
 
@@ -19,8 +19,7 @@ REDIS_URL = os.environ.get("SPECDECK_TEST_REDIS_URL", "redis://127.0.0.1:6379/15
 
 
 def pipeline(url: str = REDIS_URL) -> Pipeline:
-    return Pipeline(aioredis.ConnectionPool.from_url(url, socket_timeout=2,
-                                                     socket_connect_timeout=2))
+    return Pipeline(url)
 
 
 def test_concurrent_commands_each_get_their_own_reply_on_one_connection() -> None:
@@ -35,6 +34,9 @@ def test_concurrent_commands_each_get_their_own_reply_on_one_connection() -> Non
             for i, reply in enumerate(replies):
                 totals[i % 7] = totals.get(i % 7, 0) + i
                 assert reply == totals[i % 7], (i, reply)  # in order, per key
+            # On the URL's database (SELECT in the handshake).
+            db = parse_url(REDIS_URL).get("db", 0)
+            assert f" db={db} ".encode() in await redis_.execute("CLIENT", "INFO")
             # One connection for all of them: the pipeline never opens a second.
             assert len(set(await asyncio.gather(*(redis_.execute("CLIENT", "ID")
                                                   for _ in range(50))))) == 1
@@ -59,7 +61,8 @@ def test_a_connection_redis_closed_is_replaced() -> None:
             own = await redis_.execute("CLIENT", "ID")
             with redis.Redis.from_url(REDIS_URL) as admin:
                 assert admin.client_kill_filter(_id=own) == 1
-            with pytest.raises((redis.ConnectionError, OSError)):  # the one that found it closed
+            # At most the command sent before the close was seen fails; the next get a new one.
+            with contextlib.suppress(redis.ConnectionError, OSError):
                 await redis_.execute("PING")
             assert await redis_.execute("ECHO", "back") == b"back"
             assert await redis_.execute("CLIENT", "ID") != own
@@ -75,6 +78,6 @@ def test_an_unreachable_redis_fails_every_waiting_command() -> None:
         results = await asyncio.wait_for(asyncio.gather(
             *(redis_.execute("PING") for _ in range(5)), return_exceptions=True), 10)
         assert all(isinstance(r, (redis.RedisError, OSError)) for r in results), results
-        assert redis_.queue == [] and redis_.drainer is None
+        assert redis_.connection is None
 
     asyncio.run(run())
