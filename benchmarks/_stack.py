@@ -15,6 +15,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -75,6 +76,24 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def wall_cpu_table(results: dict[tuple[str, str], list[tuple[float, float]]],
+                   cases: Sequence[str], names: Sequence[str], case_header: str) -> str:
+    """Per case and name, the medians of the rounds' (wall, CPU) seconds per call, in us, and
+    the first name's over the last name's."""
+    rows = []
+    for case in cases:
+        medians = {name: (statistics.median(w for w, _ in results[case, name]),
+                          statistics.median(c for _, c in results[case, name]))
+                   for name in names}
+        first, last = names[0], names[-1]
+        for name, (wall, cpu) in medians.items():
+            ratio = (f"{wall / medians[last][0]:.2f}x / {cpu / medians[last][1]:.2f}x"
+                     if name == first and len(names) > 1 else "")
+            rows.append([case, name, f"{wall * 1e6:.1f}", f"{cpu * 1e6:.1f}", ratio])
+    return table([case_header, "client", "wall us", "CPU us",
+                  f"{names[0]} / {names[-1]} (wall / CPU)"], rows)
 
 
 def machine() -> str:

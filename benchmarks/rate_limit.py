@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 import uuid
@@ -22,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _stack import load, machine, table  # noqa: E402
+from _stack import load, machine, wall_cpu_table  # noqa: E402
 
 from app.services.limits import BUCKET_PREFIX, GCRA, RedisRateLimiter  # noqa: E402
 
@@ -76,28 +75,17 @@ def main() -> None:
     uvloop.install()
     before = load()
     clients = {"specdeck": ours, "redis-py": redis_py}
-    results: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(args.rounds):
         for together in (1, 32):
             for name, make in clients.items():
                 wall, cpu = asyncio.run(measure(make, args.calls, together))
-                results.setdefault((together, name), []).append((wall, cpu))
+                results.setdefault((f"{together} at once", name), []).append((wall, cpu))
                 print(f"  round {r + 1}, {together} at once, {name}: {wall * 1e6:.1f} us wall, "
                       f"{cpu * 1e6:.1f} us CPU a call", flush=True)
     print(f"\n{machine()}; 1-minute load average {before:.2f} before, {load():.2f} after")
     print(f"{args.calls} calls a round, {args.rounds} rounds; medians\n")
-    rows = []
-    for together in (1, 32):
-        med = {name: (statistics.median(w for w, _ in results[together, name]),
-                      statistics.median(c for _, c in results[together, name]))
-               for name in clients}
-        for name, (wall, cpu) in med.items():
-            ratio = (f"{wall / med['redis-py'][0]:.2f}x / {cpu / med['redis-py'][1]:.2f}x"
-                     if name == "specdeck" else "")
-            rows.append([f"{together} at once", name, f"{wall * 1e6:.1f}", f"{cpu * 1e6:.1f}",
-                         ratio])
-    print(table(["calls", "client", "wall us", "CPU us", "ours / redis-py (wall / CPU)"], rows))
-
+    print(wall_cpu_table(results, [f"{n} at once" for n in (1, 32)], list(clients), "calls"))
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _stack import HOST, Processes, exit_on_sigterm, load, machine, table  # noqa: E402
+from _stack import HOST, Processes, exit_on_sigterm, load, machine, wall_cpu_table  # noqa: E402
 from gateway import UPSTREAM_KEY, start_upstream  # noqa: E402
 
 from app.services.upstream import UpstreamClient  # noqa: E402
@@ -125,20 +124,7 @@ def main() -> None:
                           f"{cpu * 1e6:.0f} us CPU a request", flush=True)
     print(f"\n{machine()}; 1-minute load average {before:.2f} before, {load():.2f} after")
     print(f"{args.requests} requests a round, {args.rounds} rounds, one at a time; medians\n")
-    rows = []
-    for kind in ("non-streaming", "streaming"):
-        medians = {name: (statistics.median(w for w, _ in results[kind, name]),
-                          statistics.median(c for _, c in results[kind, name]))
-                   for name in clients}
-        for name, (wall, cpu) in medians.items():
-            ratio = ""
-            if name == "specdeck" and "aiohttp" in medians:
-                ratio = (f"{wall / medians['aiohttp'][0]:.2f}x / "
-                         f"{cpu / medians['aiohttp'][1]:.2f}x")
-            rows.append([kind, name, f"{wall * 1e6:.0f}", f"{cpu * 1e6:.0f}", ratio])
-    print(table(["request", "client", "wall us", "client CPU us", "ours / aiohttp (wall / CPU)"],
-                rows))
-
+    print(wall_cpu_table(results, ["non-streaming", "streaming"], list(clients), "request"))
 
 if __name__ == "__main__":
     main()
