@@ -81,19 +81,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def wall_cpu_table(results: dict[tuple[str, str], list[tuple[float, float]]],
                    cases: Sequence[str], names: Sequence[str], case_header: str) -> str:
     """Per case and name, the medians of the rounds' (wall, CPU) seconds per call, in us, and
-    the first name's over the last name's."""
+    each name's over the last name's."""
     rows = []
+    last = names[-1]
     for case in cases:
         medians = {name: (statistics.median(w for w, _ in results[case, name]),
                           statistics.median(c for _, c in results[case, name]))
                    for name in names}
-        first, last = names[0], names[-1]
         for name, (wall, cpu) in medians.items():
             ratio = (f"{wall / medians[last][0]:.2f}x / {cpu / medians[last][1]:.2f}x"
-                     if name == first and len(names) > 1 else "")
+                     if name != last else "")
             rows.append([case, name, f"{wall * 1e6:.1f}", f"{cpu * 1e6:.1f}", ratio])
-    return table([case_header, "client", "wall us", "CPU us",
-                  f"{names[0]} / {names[-1]} (wall / CPU)"], rows)
+    return table([case_header, "client", "wall us", "CPU us", f"over {last} (wall / CPU)"],
+                 rows)
 
 
 def machine() -> str:

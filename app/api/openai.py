@@ -135,7 +135,7 @@ async def enforce(gateway: Gateway, verdict: Verdict | None) -> None:
     if verdict is None or verdict.checked:
         return
     verdict.checked = True
-    if (wait := await verdict.wait()) is not None:
+    if (wait := verdict.result if verdict.answered else await verdict.wait()) is not None:
         if verdict.early:
             EARLY_REFUSED.inc()
         raise APIError(429, "Rate limit exceeded for this API key; retry after the number of "
@@ -676,12 +676,30 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
     upstream.close()  # read to the end: this only ends its count in flight
     if upstream.status != 200:
         raise upstream_error(upstream.status, body, upstream.header("Retry-After"))
-    record_usage(gateway, caller, route, find_object(body, "usage"),
-                 find_object(body, "metrics") if b'"speculative_decoding"' in body else None)
-    if route.sample():
-        gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
-                                            messages, body, False))
-    return Response(body, media_type=_JSON)
+    return Completion(gateway, caller, route, body, messages)
+
+
+class Completion(Response):
+    """A non-streaming completion: sent, then its usage recorded and the request captured when
+    sampled (after the answer has gone: the client does not wait on that)."""
+
+    def __init__(self, gateway: Gateway, caller: Caller, route: Route, body: bytes,
+                 messages: Any) -> None:
+        self.status_code, self.body, self.background = 200, body, None
+        self.raw_headers = [(b"content-type", b"application/json"),
+                            (b"content-length", b"%d" % len(body))]
+        self.gateway, self.caller, self.route, self.messages = gateway, caller, route, messages
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self.body
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": body})
+        gateway, route = self.gateway, self.route
+        record_usage(gateway, self.caller, route, find_object(body, "usage"),
+                     find_object(body, "metrics") if b'"speculative_decoding"' in body else None)
+        if route.sample():
+            gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
+                                                self.messages, body, False))
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,

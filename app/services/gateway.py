@@ -567,6 +567,8 @@ class Gateway:
             if url := limits.redis_url(self.settings):
                 self._flushers.append(loop.create_task(
                     limits.follow_revocations(url, self.callers.invalidate)))
+            if isinstance(self.limiter, limits.RedisRateLimiter) and self.limiter.enabled:
+                self._flushers.append(loop.create_task(self.limiter.give_back_idle()))
 
     async def aclose(self) -> None:
         for flusher in self._flushers:

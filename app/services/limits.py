@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -49,19 +50,31 @@ EARLY_REFUSED = Counter(
 
 # KEYS[1]: the key's bucket, the time (µs, Redis's clock) at which it is next full (its
 # "theoretical arrival time"); ARGV[1]: µs per request at the limit; ARGV[2]: the burst's
-# tolerance, (burst - 1) x ARGV[1]. Returns {0, the requests that would still be taken now}
-# (taken) or {the µs until a request may go, 0}.
+# tolerance, (burst - 1) x ARGV[1]; ARGV[3]: n, the requests to take (n >= 1), or minus those
+# taken earlier and not used, to give back. Taking returns {0, the requests taken (1 to n),
+# the requests that would still be taken now} or, when not even one may go, {the µs until one
+# may, 0, 0}.
 GCRA = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
-if now < tat - tolerance then return {math.ceil(tat - tolerance - now), 0} end
-local next_tat = tat + interval
+if n < 0 then
+  tat = tat + n * interval
+  if tat <= now then redis.call('DEL', KEYS[1]) else
+    redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  end
+  return {0, 0, 0}
+end
+local available = math.floor((now + tolerance - tat) / interval) + 1
+if available < 1 then return {math.ceil(tat - tolerance - now), 0, 0} end
+local taken = math.min(n, available)
+local next_tat = tat + taken * interval
 redis.call('SET', KEYS[1], string.format('%d', next_tat), 'PX', math.ceil((next_tat - now) / 1000) + 1)
-return {0, math.floor((now + tolerance - next_tat) / interval) + 1}
+return {0, taken, available - taken}
 """
 
 
@@ -72,19 +85,32 @@ def redis_url(settings: Settings) -> str | None:
 
 
 class Verdict:
-    """The rate limit's answer on one request, asked for as the request comes in: ``wait()``
-    gives None (it may go) or the seconds until one could. ``early``: the request may be sent
-    upstream before the answer arrives (``RedisRateLimiter.ask``); it is awaited before the
-    upstream's answer, and a refusal aborts the request there."""
+    """The rate limit's answer on one request, asked for as the request comes in: ``result``
+    is None (it may go) or the seconds until one could, once ``answered``; ``wait()`` waits for
+    it. ``early``: the request may be sent upstream before the answer arrives
+    (``RedisRateLimiter.ask``); it is awaited before the upstream's answer, and a refusal aborts
+    the request there. No task or future is made unless someone has to wait for the answer."""
 
-    __slots__ = ("answer", "early", "checked")
+    __slots__ = ("result", "answered", "early", "checked", "waiter")
 
-    def __init__(self, answer: asyncio.Future[float | None], early: bool) -> None:
-        self.answer, self.early = answer, early
+    def __init__(self, early: bool = False) -> None:
+        self.early = early
+        self.result: float | None = None
+        self.answered = False
         self.checked = False  # acted on already (``app.api.openai.enforce``)
+        self.waiter: asyncio.Future[None] | None = None
+
+    def answer(self, result: float | None) -> None:
+        self.result, self.answered = result, True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def wait(self) -> float | None:
-        return await self.answer
+        if not self.answered:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.result
 
 
 class LocalRateLimiter:
@@ -100,10 +126,14 @@ class LocalRateLimiter:
     def enabled(self) -> bool:
         return self.rate > 0
 
-    def ask(self, key_id: str) -> Verdict:
-        answer: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
-        answer.set_result(self.take(key_id))
-        return Verdict(answer, early=False)
+    def ask(self, key_id: str) -> Verdict | None:
+        """None when one more request of the key may go; else the (answered) refusal."""
+        wait = self.take(key_id)
+        if wait is None:
+            return None
+        verdict = Verdict()
+        verdict.answer(wait)
+        return verdict
 
     def take(self, key_id: str) -> float | None:
         """None if the request may go; otherwise the seconds until it could."""
@@ -126,72 +156,104 @@ class LocalRateLimiter:
         return None
 
 
+Reply = Callable[[Any], None]  # called with a command's reply, or the exception it failed with
+
+
 class _Resp(asyncio.Protocol):
-    """One connection to Redis: commands written in batches, one batch on the wire at a time
-    (what arrives meanwhile goes as the next, in one write), replies parsed by hiredis and
-    matched to the commands in order, as Redis answers them."""
+    """One connection to Redis: commands written in batches, one batch on the wire at a time,
+    replies parsed by hiredis and handed to each command's callback in order, as Redis answers
+    them. A command is written at the end of the event loop's turn (``call_soon``), with the
+    others of that turn, or after the batch on the wire is answered, with those that came
+    meanwhile: in the gateway, a request's question goes out after the request itself went
+    upstream (a write to a socket is 15-25 us of CPU on a small VM; this one is then off the
+    request's path). A batch unanswered for ``TIMEOUT`` (checked every half of it) fails, with
+    everything behind it."""
 
     def __init__(self) -> None:
         self.reader = hiredis.Reader(replyError=redis.ResponseError)
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.sent: collections.deque[asyncio.Future[Any]] = collections.deque()
-        self.queued: list[tuple[bytes, asyncio.Future[Any]]] = []
+        self.sent: collections.deque[Reply] = collections.deque()
+        self.sent_at = 0.0  # when the batch on the wire was written
+        self.queued: list[tuple[bytes, Reply]] = []
+        self.flushing = False  # a write is due at the end of this turn
         self.closed = False
+        self.watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.watchdog = self.loop.call_later(TIMEOUT / 2, self._check)
 
-    def send(self, packed: bytes) -> asyncio.Future[Any]:
-        future = asyncio.get_running_loop().create_future()
+    def _check(self) -> None:
+        if self.sent and self.loop.time() - self.sent_at > TIMEOUT:
+            self.abort(redis.TimeoutError("Redis answered too slowly"))
+        elif not self.closed:
+            self.watchdog = self.loop.call_later(TIMEOUT / 2, self._check)
+
+    def send(self, packed: bytes, reply: Reply) -> None:
         if self.closed:
-            future.set_exception(redis.ConnectionError("the connection to Redis is closed"))
-        elif self.sent:
-            self.queued.append((packed, future))
-        else:
-            self.sent.append(future)
-            assert self.transport is not None
-            self.transport.write(packed)
-        return future
+            reply(redis.ConnectionError("the connection to Redis is closed"))
+            return
+        self.queued.append((packed, reply))
+        if not self.sent and not self.flushing:
+            self.flushing = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flushing = False
+        if self.sent or not self.queued or self.closed:
+            return  # on its way already, or to go when the batch on the wire is answered
+        batch, self.queued = self.queued, []
+        self.sent.extend(reply for _, reply in batch)
+        self.sent_at = self.loop.time()
+        assert self.transport is not None
+        self.transport.write(batch[0][0] if len(batch) == 1 else
+                             b"".join(packed for packed, _ in batch))
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
         sent = self.sent
         try:
-            while (reply := self.reader.gets()) is not False:
-                future = sent.popleft()
-                if not future.done():  # its caller gave up waiting
-                    future.set_result(reply)
+            while (answer := self.reader.gets()) is not False:
+                sent.popleft()(answer)
         except (hiredis.ProtocolError, IndexError) as exc:  # not in step with the commands
             self.abort(redis.ConnectionError(f"Redis's reply could not be read: {exc}"))
             return
-        if not sent and self.queued:
-            batch, self.queued = self.queued, []
-            sent.extend(future for _, future in batch)
-            assert self.transport is not None
-            self.transport.write(b"".join(packed for packed, _ in batch))
+        if not sent:
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.abort(redis.ConnectionError("Redis closed the connection"))
 
     def abort(self, error: Exception) -> None:
         self.closed = True
+        if self.watchdog is not None:
+            self.watchdog.cancel()
         if self.transport is not None:
             self.transport.abort()
-        waiting = [*self.sent, *(future for _, future in self.queued)]
+        waiting = [*self.sent, *(reply for _, reply in self.queued)]
         self.sent.clear()
         self.queued = []
-        for future in waiting:
-            if not future.done():
-                future.set_exception(error)
+        for reply in waiting:
+            reply(error)
+
+
+def _settle(future: asyncio.Future[Any], answer: Any) -> None:
+    if not future.done():  # its caller gave up waiting
+        if isinstance(answer, Exception):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
 
 
 class Pipeline:
     """Commands of concurrent callers on one Redis connection (``_Resp``): each costs one round
-    trip and a few microseconds of CPU. redis-py's client takes a connection from its pool,
-    retries and wraps per call: one rate-limit call alone cost 121 us of CPU through it against
-    this one's 42, and 54 against 9 with 32 at once (``benchmarks/rate_limit.py``); through
-    redis-py's connection object without its client, as here until 2026-12-04, 81-85 us.
-    hiredis parses and packs; redis-py reads the URL (host, port, db, username, password, TLS)."""
+    trip and a few microseconds of CPU, and ``send`` writes it at once, without a task or a
+    future of its own (the reply goes to a callback). redis-py's client takes a connection from
+    its pool, retries and wraps per call: one rate-limit call alone cost 121 us of CPU through it
+    against 42 with this pipeline's first version, and 54 against 9 with 32 at once
+    (``benchmarks/rate_limit.py``). hiredis parses and packs; redis-py reads the URL (host, port,
+    db, username, password, TLS)."""
 
     def __init__(self, url: str) -> None:
         options = parse_url(url)
@@ -202,50 +264,70 @@ class Pipeline:
             if options.get("password") else None,
             ("SELECT", options["db"]) if options.get("db") else None) if command]
         self.connection: _Resp | None = None
-        self.connecting = asyncio.Lock()
+        self.connecting: asyncio.Task[None] | None = None
+        self.waiting: list[tuple[bytes, Reply]] = []  # sent once connected
+
+    def send(self, reply: Reply, *command: Any) -> None:
+        """Send ``command`` now (or once connected); ``reply`` gets its reply, an error reply's
+        ``ResponseError``, or the ``redis.RedisError`` or ``OSError`` that means Redis could not
+        be reached or was too slow. Called on the event loop, never twice for one command."""
+        packed = hiredis.pack_command(command)
+        connection = self.connection
+        if connection is not None and not connection.closed:
+            connection.send(packed, reply)
+            return
+        self.waiting.append((packed, reply))
+        if self.connecting is None:
+            self.connecting = asyncio.get_running_loop().create_task(self._connect())
 
     async def execute(self, *command: Any) -> Any:
         """The command's reply (an error reply raises its ``ResponseError``); raises
         ``redis.RedisError`` or ``OSError`` when Redis cannot be reached or is too slow."""
-        connection = self.connection
-        if connection is None or connection.closed:
-            connection = await self._connect()
-        reply = connection.send(hiredis.pack_command(command))
-        timer = asyncio.get_running_loop().call_later(TIMEOUT, self._too_slow, connection, reply)
-        try:
-            result = await reply
-        finally:
-            timer.cancel()
+        future = asyncio.get_running_loop().create_future()
+        self.send(functools.partial(_settle, future), *command)
+        result = await future
         if isinstance(result, redis.ResponseError):
             raise (redis.exceptions.NoScriptError(*result.args)
                    if str(result).startswith("NOSCRIPT") else result)
         return result
 
-    @staticmethod
-    def _too_slow(connection: _Resp, reply: asyncio.Future[Any]) -> None:
-        if not reply.done():  # the replies behind it are late too: a new connection next
-            connection.abort(redis.TimeoutError("Redis answered too slowly"))
-
-    async def _connect(self) -> _Resp:
-        async with self.connecting:
-            if self.connection is not None and not self.connection.closed:
-                return self.connection  # another caller connected meanwhile
-            loop = asyncio.get_running_loop()
-            try:
-                async with asyncio.timeout(TIMEOUT):
-                    _, connection = await loop.create_connection(
-                        _Resp, self.host, self.port, ssl=self.tls or None)
-                    for reply in [connection.send(hiredis.pack_command(command))
-                                  for command in self.handshake]:
-                        if isinstance(answer := await reply, redis.ResponseError):
-                            connection.abort(answer)
-                            raise answer
-            except TimeoutError:
-                raise redis.TimeoutError("no connection to Redis within the timeout") from None
-            self.connection = connection
-            return connection
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        connection: _Resp | None = None
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                _, connection = await loop.create_connection(
+                    _Resp, self.host, self.port, ssl=self.tls or None)
+                for command in self.handshake:
+                    answered = loop.create_future()
+                    connection.send(hiredis.pack_command(command),
+                                    functools.partial(_settle, answered))
+                    if isinstance(answer := await answered, redis.ResponseError):
+                        raise answer
+        except BaseException as exc:
+            error = exc
+            if isinstance(exc, TimeoutError):
+                error = redis.TimeoutError("no connection to Redis within the timeout")
+            elif not isinstance(exc, (redis.RedisError, OSError)):
+                error = redis.ConnectionError(f"no connection to Redis: {exc!r}")
+            if connection is not None:
+                connection.abort(error)
+            waiting, self.waiting, self.connecting = self.waiting, [], None
+            for _, reply in waiting:
+                reply(error)
+            if not isinstance(exc, Exception):
+                raise  # cancelled
+            return
+        self.connection, self.connecting = connection, None
+        waiting, self.waiting = self.waiting, []
+        for packed, reply in waiting:
+            connection.send(packed, reply)
 
     async def close(self) -> None:
+        if self.connecting is not None:
+            self.connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self.connecting
         connection, self.connection = self.connection, None
         if connection is not None:
             connection.abort(redis.ConnectionError("the pipeline was closed"))
@@ -254,14 +336,29 @@ class Pipeline:
 class RedisRateLimiter:
     """The same limit, one bucket per key in Redis for every API process (GCRA above).
 
-    Its answer is a round trip to Redis, as long as the rest of what the gateway adds to a
-    request on a small machine. So a request of a key that Redis last left room for goes
-    upstream while the answer is on its way (``Verdict.early``); the answer still decides, and
-    a refused request is aborted at the engine before its answer is read. How many of a key's
-    requests may go early is what Redis last said was left (``credit``), less this process's
-    questions of that key still unanswered: a key at its limit waits for every answer, so an
-    abusive client's excess never reaches an engine; only when several processes cross the
-    limit at once can a few early requests be refused."""
+    Asking Redis is a round trip per request, and on a small VM its CPU (a write that wakes
+    Redis, a read, Redis's own turn) is a third of what the gateway adds to a request. So:
+
+    * **Tokens taken ahead.** A key with room to spare is asked for up to ``BATCH_MAX``
+      requests at once, and at most one ``BATCH_SHARE``-th of what it has left: the next ones of
+      this process go without asking (``held``). Tokens held and not used within ``HOLD``
+      seconds are given back (``give_back_idle``), and all of them when the process stops. A
+      key is never over its limit (a token is taken in Redis before its request goes); while
+      another process holds some of its tokens, this one may refuse that many early, for at
+      most ``HOLD`` seconds, and only when the key had room for a batch a moment before. A key
+      with less than ``BATCH_SHARE`` requests left is asked for each: near the limit, every
+      process sees the same bucket.
+    * **The answer on the way.** A request that must ask goes upstream while the answer is on
+      its way when Redis last left the key room (``Verdict.early``); the answer still decides,
+      and a refused request is aborted at the engine before its answer is read. How many of a
+      key's requests may go early is what Redis last said was left (``credit``), less this
+      process's questions of that key still unanswered: a key at its limit waits for every
+      answer, so an abusive client's excess never reaches an engine; only when several
+      processes cross the limit at once can a few early requests be refused."""
+
+    BATCH_MAX = 32
+    BATCH_SHARE = 8
+    HOLD = 1.0  # seconds
 
     def __init__(self, url: str, rpm: float, burst: int) -> None:
         self.enabled = rpm > 0
@@ -270,44 +367,116 @@ class RedisRateLimiter:
         self.redis = Pipeline(url)
         self.sha = hashlib.sha1(GCRA.encode()).hexdigest()
         self._warned = 0.0
+        self.held: dict[str, int] = {}  # key id -> tokens taken from its bucket, not used yet
+        self.held_since: dict[str, float] = {}  # key id -> when it last had none held
         self.credit: dict[str, int] = {}  # key id -> its requests that may go before the answer
         self.asking: dict[str, int] = {}  # key id -> its questions to Redis not yet answered
+        self.batching: set[str] = set()  # key ids with a question for several tokens on its way
 
-    def ask(self, key_id: str) -> Verdict:
+    def ask(self, key_id: str) -> Verdict | None:
+        """The verdict on one more request of the key: None when it may go at once (a token
+        this process held), else one whose question to Redis goes out this turn."""
+        held = self.held.get(key_id)
+        if held:
+            if held > 1:
+                self.held[key_id] = held - 1
+            else:
+                del self.held[key_id], self.held_since[key_id]
+            return None
         credit = self.credit.get(key_id, 0)
         if credit > 0:
             self.credit[key_id] = credit - 1
-        return Verdict(asyncio.get_running_loop().create_task(self.take(key_id)), credit > 0)
+        wanted = 1
+        if key_id not in self.batching:
+            wanted = max(1, min(self.BATCH_MAX, credit // self.BATCH_SHARE))
+            if wanted > 1:
+                self.batching.add(key_id)
+        verdict = Verdict(early=credit > 0)
+        self.asking[key_id] = self.asking.get(key_id, 0) + 1
+        self._send(key_id, wanted, functools.partial(self._answered, key_id, verdict, wanted))
+        return verdict
 
-    async def take(self, key_id: str) -> float | None:
-        command = ("EVALSHA", self.sha, 1, BUCKET_PREFIX + key_id, self.interval_us,
-                   self.tolerance_us)
+    def _send(self, key_id: str, n: int, reply: Reply, script: bool = False) -> None:
+        """GCRA on the key's bucket (``n`` < 0: give back), by its SHA or (``script``) whole."""
+        self.redis.send(reply, *(("EVAL", GCRA) if script else ("EVALSHA", self.sha)), 1,
+                        BUCKET_PREFIX + key_id, self.interval_us, self.tolerance_us, n)
+
+    def _answered(self, key_id: str, verdict: Verdict, wanted: int, reply: Any,
+                  loaded: bool = False) -> None:
+        if isinstance(reply, redis.ResponseError) and not loaded and \
+                str(reply).startswith("NOSCRIPT"):  # Redis restarted, or SCRIPT FLUSH
+            self._send(key_id, wanted, functools.partial(
+                self._answered, key_id, verdict, wanted, loaded=True), script=True)
+            return
+        if wanted > 1:
+            self.batching.discard(key_id)
         asking = self.asking
-        asking[key_id] = asking.get(key_id, 0) + 1
-        try:
+        if asking[key_id] > 1:
+            asking[key_id] -= 1
+        else:
+            del asking[key_id]
+        if not isinstance(reply, Exception):
             try:
-                wait_us, left = await self.redis.execute(*command)
-            except redis.exceptions.NoScriptError:  # Redis restarted, or SCRIPT FLUSH
-                await self.redis.execute("SCRIPT", "LOAD", GCRA)
-                wait_us, left = await self.redis.execute(*command)
-        except (redis.RedisError, OSError) as exc:
-            if time.monotonic() - self._warned > WARN_EVERY:
-                self._warned = time.monotonic()
-                log.warning("the rate limit's Redis cannot be reached (%s: %s): requests go on "
-                            "without a limit until it can", type(exc).__name__, exc)
+                wait_us, taken, left = int(reply[0]), int(reply[1]), int(reply[2])
+            except (TypeError, ValueError, IndexError):
+                reply = redis.ResponseError(f"the rate limit's script answered {reply!r}")
+        if isinstance(reply, Exception):
+            self._unreachable(reply)
             self.credit.pop(key_id, None)
-            return None
-        finally:
-            if asking[key_id] > 1:
-                asking[key_id] -= 1
-            else:
-                del asking[key_id]
+            verdict.answer(None)
+            return
         if len(self.credit) > 100_000:
             self.credit.clear()
         self.credit[key_id] = max(0, left - asking.get(key_id, 0)) if not wait_us else 0
-        return int(wait_us) / 1e6 if wait_us else None
+        if taken > 1:
+            if key_id not in self.held:
+                self.held_since[key_id] = time.monotonic()
+            self.held[key_id] = self.held.get(key_id, 0) + taken - 1
+        verdict.answer(wait_us / 1e6 if wait_us else None)
+
+    def _unreachable(self, error: Exception) -> None:
+        if time.monotonic() - self._warned > WARN_EVERY:
+            self._warned = time.monotonic()
+            log.warning("the rate limit's Redis cannot be reached (%s: %s): requests go on "
+                        "without a limit until it can", type(error).__name__, error)
+
+    def give_back(self, older_than: float = 0.0) -> int:
+        """Give back the held tokens taken more than ``older_than`` seconds ago (the unused
+        rest of a batch); returns how many keys had some."""
+        now, given = time.monotonic(), 0
+        for key_id, since in list(self.held_since.items()):
+            if now - since < older_than:
+                continue
+            del self.held_since[key_id]
+            held = self.held.pop(key_id, 0)
+            if held > 0:
+                given += 1
+                self._send(key_id, -held, self._given_back, script=True)
+        return given
+
+    def _given_back(self, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            self._unreachable(reply)
+
+    async def give_back_idle(self) -> None:
+        """Until cancelled: every ``HOLD / 2`` seconds, give back the tokens held for longer
+        than ``HOLD``."""
+        while True:
+            await asyncio.sleep(self.HOLD / 2)
+            self.give_back(self.HOLD)
+
+    async def take(self, key_id: str) -> float | None:
+        """None if one more request of the key may go now; otherwise the seconds until one
+        could (``ask``, awaited)."""
+        verdict = self.ask(key_id)
+        return None if verdict is None else await verdict.wait()
 
     async def aclose(self) -> None:
+        """Gives back the tokens held (waiting at most ``TIMEOUT``), then closes."""
+        if self.give_back():
+            with contextlib.suppress(redis.RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(TIMEOUT):
+                    await self.redis.execute("PING")  # after the give-backs, in order
         await self.redis.close()
 
 

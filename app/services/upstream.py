@@ -275,23 +275,26 @@ class UpstreamClient:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.max_connections, self.keepalive = max_connections, keepalive
         self.origins: dict[tuple[str, str, int], _Origin] = {}
-        self.targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}  # url -> origin, head
+        # url -> its origin, a request's head but its Content-Length, and the headers in it
+        self.targets: dict[str, tuple[tuple[str, str, int], bytes, dict[str, str]]] = {}
 
-    def target(self, url: str) -> tuple[tuple[str, str, int], bytes]:
-        """The origin of ``url`` and the start of a request's head to it (cached per URL)."""
+    def target(self, url: str, headers: dict[str, str]) -> tuple[tuple[str, str, int], bytes]:
+        """The origin of ``url`` and a request's head to it up to its Content-Length (cached
+        per URL while its headers stay the same)."""
         known = self.targets.get(url)
-        if known is None:
+        if known is None or (known[2] is not headers and known[2] != headers):
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise UpstreamConnectError(f"not an http(s) URL: {url!r}")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = ((parts.scheme, parts.hostname, port),
-                     f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1"))
+            head = "".join((f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n",
+                            *(f"{name}: {value}\r\n" for name, value in headers.items())))
+            known = ((parts.scheme, parts.hostname, port), head.encode("latin-1"), headers)
             if len(self.targets) > 10_000:
                 self.targets.clear()
             self.targets[url] = known
-        return known
+        return known[0], known[1]
 
     async def send(self, url: str, headers: dict[str, str], body: bytes,
                    inflight: dict[str, int], key: str,
@@ -300,9 +303,8 @@ class UpstreamClient:
         the request from now until the response is closed. ``check`` is awaited once the
         request has been written and before its answer is: if it raises, the request is
         aborted (the upstream sees its client go) and the exception goes to the caller."""
-        origin, start = self.target(url)
-        head = b"".join((start, *(f"{n}: {v}\r\n".encode("latin-1") for n, v in headers.items()),
-                         b"Content-Length: %d\r\n\r\n" % len(body)))
+        origin, start = self.target(url, headers)
+        head = start + b"Content-Length: %d\r\n\r\n" % len(body)
         inflight[key] = inflight.get(key, 0) + 1
         try:
             for attempt in (0, 1):
