@@ -62,11 +62,14 @@ def cmd_db(args: argparse.Namespace) -> None:
 def cmd_api(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from app.server import HttpProtocol
+
     _ensure_sqlite_dirs()
     # proxy_headers: applied by the app itself, past its gateway's fast path (app.main).
+    # http: uvicorn's httptools protocol, telling the gateway when a client goes (app.server).
     uvicorn.run("app.main:create_server", factory=True, host=args.host, port=args.port,
                 log_level="info", access_log=not args.no_access_log, workers=args.workers,
-                proxy_headers=False)
+                proxy_headers=False, http=HttpProtocol)
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

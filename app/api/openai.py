@@ -615,9 +615,9 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
         messages = body.get("messages")
         limit_check = None if verdict is None else functools.partial(enforce, gateway, verdict)
         if not stream:
-            return await complete(gateway, caller, route, content, receive, messages,
+            return await complete(gateway, caller, route, content, scope, receive, messages,
                                   limit_check)
-        return await open_stream(gateway, caller, route, content, receive, client_usage,
+        return await open_stream(gateway, caller, route, content, scope, receive, client_usage,
                                  messages, limit_check)
     except Exception:
         await enforce(gateway, verdict)  # a refused request is told so first, whatever else
@@ -661,8 +661,9 @@ async def upstream_answer(gateway: Gateway, route: Route, content: bytes, stream
 
 
 async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                   receive: Receive, messages: Any, limit_check: Check | None) -> Response | None:
-    watch = ClientWatch(receive)
+                   scope: Scope, receive: Receive, messages: Any,
+                   limit_check: Check | None) -> Response | None:
+    watch = ClientWatch(scope, receive)
     try:
         upstream, body = await upstream_answer(gateway, route, content, False, limit_check)
     except asyncio.CancelledError:
@@ -676,37 +677,34 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
     upstream.close()  # read to the end: this only ends its count in flight
     if upstream.status != 200:
         raise upstream_error(upstream.status, body, upstream.header("Retry-After"))
-    return Completion(gateway, caller, route, body, messages)
+    # Before the answer goes, not after: on a small VM the client, woken by the answer, waits
+    # for what this process still does (docs/benchmarks.md, "Work after a write").
+    record_usage(gateway, caller, route, find_object(body, "usage"),
+                 find_object(body, "metrics") if b'"speculative_decoding"' in body else None)
+    if route.sample():
+        gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
+                                            messages, body, False))
+    return Completion(body)
 
 
 class Completion(Response):
-    """A non-streaming completion: sent, then its usage recorded and the request captured when
-    sampled (after the answer has gone: the client does not wait on that)."""
+    """A non-streaming completion's JSON, as the engine sent it."""
 
-    def __init__(self, gateway: Gateway, caller: Caller, route: Route, body: bytes,
-                 messages: Any) -> None:
+    def __init__(self, body: bytes) -> None:
         self.status_code, self.body, self.background = 200, body, None
         self.raw_headers = [(b"content-type", b"application/json"),
                             (b"content-length", b"%d" % len(body))]
-        self.gateway, self.caller, self.route, self.messages = gateway, caller, route, messages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = self.body
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": body})
-        gateway, route = self.gateway, self.route
-        record_usage(gateway, self.caller, route, find_object(body, "usage"),
-                     find_object(body, "metrics") if b'"speculative_decoding"' in body else None)
-        if route.sample():
-            gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
-                                                self.messages, body, False))
+        await send({"type": "http.response.body", "body": self.body})
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                      receive: Receive, client_usage: bool, messages: Any,
+                      scope: Scope, receive: Receive, client_usage: bool, messages: Any,
                       limit_check: Check | None) -> Response | None:
     upstream: UpstreamResponse | None = None
-    watch = ClientWatch(receive)
+    watch = ClientWatch(scope, receive)
     try:
         upstream, first = await upstream_answer(gateway, route, content, True, limit_check)
         if upstream.status != 200:

@@ -48,6 +48,7 @@ from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
 from app.services import capture, limits
 from app.services.capture import Sampled
 from app.services.keys import hash_key
+from app.server import CLIENT_GONE
 from app.services.secrets import cipher
 from app.services.state import DeploymentStatus
 from app.services.upstream import UpstreamClient, UpstreamError
@@ -451,26 +452,40 @@ class ClientWatch:
     """Watches the client's connection once its request body has been read. When the client goes
     away, it cancels the request's task wherever that waits on the upstream (for the answer or
     the next chunk); the task then closes the upstream response, so the upstream sees the abort
-    at once, and ends quietly (``gone`` tells it why it was cancelled)."""
+    at once, and ends quietly (``gone`` tells it why it was cancelled). Told by the server when
+    it serves with ``app.server.HttpProtocol`` (`specdeck api`), else by a task waiting on
+    ``receive()``."""
 
-    __slots__ = ("gone", "armed", "task", "watcher")
+    __slots__ = ("gone", "armed", "task", "watcher", "told_by")
 
-    def __init__(self, receive: Callable[[], Any]) -> None:
+    def __init__(self, scope: Any, receive: Callable[[], Any]) -> None:
         self.gone = False
         self.armed = True
         self.task = asyncio.current_task()
-        self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        self.told_by: set[Callable[[], None]] | None = scope.get("extensions", {}).get(
+            CLIENT_GONE)
+        self.watcher: asyncio.Task[None] | None = None
+        if self.told_by is not None:
+            self.told_by.add(self._gone)
+        else:
+            self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Callable[[], Any]) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._gone()
+
+    def _gone(self) -> None:
         self.gone = True
         if self.armed and self.task is not None:
             self.task.cancel()
 
     def stop(self) -> None:
         self.armed = False
-        self.watcher.cancel()
+        if self.told_by is not None:
+            self.told_by.discard(self._gone)
+        elif self.watcher is not None:
+            self.watcher.cancel()
 
     def swallow(self) -> bool:
         """In an ``except CancelledError``: True (and the cancel undone) if it came from here."""

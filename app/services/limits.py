@@ -160,14 +160,10 @@ Reply = Callable[[Any], None]  # called with a command's reply, or the exception
 
 
 class _Resp(asyncio.Protocol):
-    """One connection to Redis: commands written in batches, one batch on the wire at a time,
-    replies parsed by hiredis and handed to each command's callback in order, as Redis answers
-    them. A command is written at the end of the event loop's turn (``call_soon``), with the
-    others of that turn, or after the batch on the wire is answered, with those that came
-    meanwhile: in the gateway, a request's question goes out after the request itself went
-    upstream (a write to a socket is 15-25 us of CPU on a small VM; this one is then off the
-    request's path). A batch unanswered for ``TIMEOUT`` (checked every half of it) fails, with
-    everything behind it."""
+    """One connection to Redis: commands written in batches, one batch on the wire at a time
+    (what arrives meanwhile goes as the next, in one write), replies parsed by hiredis and
+    handed to each command's callback in order, as Redis answers them. A batch unanswered for
+    ``TIMEOUT`` (checked every half of it) fails, with everything behind it."""
 
     def __init__(self) -> None:
         self.reader = hiredis.Reader(replyError=redis.ResponseError)
@@ -176,7 +172,6 @@ class _Resp(asyncio.Protocol):
         self.sent: collections.deque[Reply] = collections.deque()
         self.sent_at = 0.0  # when the batch on the wire was written
         self.queued: list[tuple[bytes, Reply]] = []
-        self.flushing = False  # a write is due at the end of this turn
         self.closed = False
         self.watchdog: asyncio.TimerHandle | None = None
 
@@ -193,17 +188,12 @@ class _Resp(asyncio.Protocol):
     def send(self, packed: bytes, reply: Reply) -> None:
         if self.closed:
             reply(redis.ConnectionError("the connection to Redis is closed"))
-            return
-        self.queued.append((packed, reply))
-        if not self.sent and not self.flushing:
-            self.flushing = True
-            self.loop.call_soon(self._flush)
+        elif self.sent:
+            self.queued.append((packed, reply))
+        else:
+            self._write([(packed, reply)])
 
-    def _flush(self) -> None:
-        self.flushing = False
-        if self.sent or not self.queued or self.closed:
-            return  # on its way already, or to go when the batch on the wire is answered
-        batch, self.queued = self.queued, []
+    def _write(self, batch: list[tuple[bytes, Reply]]) -> None:
         self.sent.extend(reply for _, reply in batch)
         self.sent_at = self.loop.time()
         assert self.transport is not None
@@ -219,8 +209,9 @@ class _Resp(asyncio.Protocol):
         except (hiredis.ProtocolError, IndexError) as exc:  # not in step with the commands
             self.abort(redis.ConnectionError(f"Redis's reply could not be read: {exc}"))
             return
-        if not sent:
-            self._flush()
+        if not sent and self.queued:
+            batch, self.queued = self.queued, []
+            self._write(batch)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.abort(redis.ConnectionError("Redis closed the connection"))
@@ -375,7 +366,7 @@ class RedisRateLimiter:
 
     def ask(self, key_id: str) -> Verdict | None:
         """The verdict on one more request of the key: None when it may go at once (a token
-        this process held), else one whose question to Redis goes out this turn."""
+        this process held), else one whose question to Redis is on its way."""
         held = self.held.get(key_id)
         if held:
             if held > 1:

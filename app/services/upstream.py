@@ -58,7 +58,7 @@ class UpstreamResponse:
     (``UpstreamClient.send``) until the first ``close()``."""
 
     __slots__ = ("connection", "status", "headers", "body", "buffered", "complete", "error",
-                 "waiter", "inflight", "key", "released")
+                 "waiter", "timer", "inflight", "key", "released")
 
     def __init__(self, connection: _Connection, inflight: dict[str, int], key: str) -> None:
         self.connection = connection
@@ -69,6 +69,7 @@ class UpstreamResponse:
         self.complete = False
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self.inflight: dict[str, int] | None = inflight
         self.key = key
         self.released = False
@@ -97,16 +98,26 @@ class UpstreamResponse:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(error)
 
+    def _headed(self) -> None:
+        """The head arrived: whoever waits goes on waiting for the body (or its end), with the
+        read timeout started again (a wake-up for the head alone would cost a turn of the task
+        for nothing: the caller wants the body)."""
+        timer = self.timer
+        if timer is not None and self.waiter is not None and not self.waiter.done():
+            timer.cancel()
+            self.timer = self.connection.loop.call_later(
+                self.connection.client.read_timeout, _expire, self.waiter)
+
     async def _wait(self, timeout: float) -> None:
-        """Until the connection feeds something (the head, body, the end, or an error)."""
+        """Until the connection feeds some body, the end, or an error, or ``timeout``."""
         loop = self.connection.loop
         self.waiter = waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter)
+        self.timer = loop.call_later(timeout, _expire, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
-            self.waiter = None
+            self.timer.cancel()
+            self.waiter = self.timer = None
 
     # --- read by the gateway
 
@@ -208,7 +219,7 @@ class _Connection(asyncio.Protocol):
         assert response is not None
         response.status, response.headers, self.headers = self.parser.get_status_code(), \
             self.headers, {}
-        response._wake()
+        response._headed()
 
     def on_body(self, body: bytes) -> None:
         assert self.response is not None
@@ -299,7 +310,8 @@ class UpstreamClient:
     async def send(self, url: str, headers: dict[str, str], body: bytes,
                    inflight: dict[str, int], key: str,
                    check: Check | None = None) -> UpstreamResponse:
-        """POST ``body``; return once the response head has arrived. ``inflight[key]`` counts
+        """POST ``body``; return once the response's head and the first piece of its body (or
+        its end) have arrived, the read timeout applying to each. ``inflight[key]`` counts
         the request from now until the response is closed. ``check`` is awaited once the
         request has been written and before its answer is: if it raises, the request is
         aborted (the upstream sees its client go) and the exception goes to the caller."""
@@ -315,7 +327,7 @@ class UpstreamClient:
                     if check is not None:
                         await check()
                         check = None
-                    while not response.status:
+                    while not (response.body or response.complete):
                         if response.error is not None:
                             raise response.error
                         await response._wait(self.read_timeout)

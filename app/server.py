@@ -1,0 +1,40 @@
+"""The HTTP protocol `specdeck api` serves with: uvicorn's own (httptools), which also tells the
+app at once when a client goes away, without a task per request waiting on ``receive()``.
+
+ASGI's one way to learn that a client went away is a ``receive()`` that returns
+``http.disconnect``: the gateway, which must abort an engine's request when its client goes,
+had a task per request waiting on it, and each cost about 17 us of CPU, most of it right after
+the request went upstream and after its answer went back, where, on a small VM, the process
+that was just woken waits for it (docs/benchmarks.md, "Work after a write"). Here each
+request's scope carries ``scope["extensions"][CLIENT_GONE]``: a set of callables of that
+connection, each called once when the connection is lost; the app adds one while it waits and
+discards it when done. Served by another server, the app falls back to the task
+(``app.services.gateway.ClientWatch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+CLIENT_GONE = "specdeck.client_gone"
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the ``CLIENT_GONE`` extension in each scope."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.client_gone: set[Callable[[], None]] = set()
+        super().connection_made(transport)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {CLIENT_GONE: self.client_gone}  # type: ignore[typeddict-unknown-key]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        gone, self.client_gone = self.client_gone, set()
+        for callback in gone:
+            callback()
