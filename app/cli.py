@@ -69,7 +69,7 @@ def cmd_api(args: argparse.Namespace) -> None:
     # http: uvicorn's httptools protocol, telling the gateway when a client goes (app.server).
     uvicorn.run("app.main:create_server", factory=True, host=args.host, port=args.port,
                 log_level="info", access_log=not args.no_access_log, workers=args.workers,
-                proxy_headers=False, http=HttpProtocol)
+                proxy_headers=False, server_header=False, http=HttpProtocol)
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

@@ -514,13 +514,13 @@ async def chat_completions() -> Response:
 class GatewayFastPath:
     """The ASGI app that `specdeck api` serves (``app.main.create_server``).
 
-    ``POST /v1/chat/completions`` goes straight to ``serve_chat_completion``, ahead of every
+    ``POST /v1/chat/completions`` goes straight to ``answer_chat_completion``, ahead of every
     layer an API request passes (uvicorn's proxy headers, Starlette's error middleware, the body
     limit's and the metrics' wrappers of every message, FastAPI's router), which together cost
     more CPU than the gateway's own work (docs/benchmarks.md, "A cheaper gateway"). What those
     layers do for it is done here or there: the request's metrics (status 499 when the client
     went away before an answer), the body limit and a 500 in the error shape
-    (``serve_chat_completion``). Everything else goes to ``app`` behind uvicorn's proxy headers
+    (``answer_chat_completion``). Everything else goes to ``app`` behind uvicorn's proxy headers
     middleware, trusting FORWARDED_ALLOW_IPS as uvicorn itself does (default 127.0.0.1)."""
 
     def __init__(self, app: ASGIApp, forwarded_allow_ips: str = "127.0.0.1") -> None:
@@ -536,18 +536,34 @@ class GatewayFastPath:
             path, root = scope["path"], scope.get("root_path", "")
             if path == CHAT_COMPLETIONS or (root and path == root + CHAT_COMPLETIONS):
                 scope["app"], scope["route"] = self.app, self.route
-                started, status = time.perf_counter(), 500
+                started = time.perf_counter()
                 try:
-                    status = await serve_chat_completion(scope, receive, send)
-                finally:
-                    self.latency.observe(time.perf_counter() - started)
-                    counter = self.requests.get(status)
-                    if counter is None:
-                        counter = self.requests[status] = REQUESTS.labels(
-                            "POST", CHAT_COMPLETIONS, str(status))
-                    counter.inc()
+                    response = await answer_chat_completion(scope, receive)
+                except BaseException:
+                    self.observe(started, 500)
+                    raise
+                if response is None:
+                    self.observe(started, 499)
+                elif isinstance(response, SSEProxy):  # its latency is the whole stream's
+                    try:
+                        await response(scope, receive, send)
+                    finally:
+                        self.observe(started, 200)
+                else:
+                    # Before the answer goes: on a small VM the client, woken by it, would
+                    # wait for this (docs/benchmarks.md, "Work after a write").
+                    self.observe(started, response.status_code)
+                    await response(scope, receive, send)
                 return
         await self.rest(scope, receive, send)
+
+    def observe(self, started: float, status: int) -> None:
+        self.latency.observe(time.perf_counter() - started)
+        counter = self.requests.get(status)
+        if counter is None:
+            counter = self.requests[status] = REQUESTS.labels("POST", CHAT_COMPLETIONS,
+                                                              str(status))
+        counter.inc()
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
@@ -567,21 +583,23 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> int:
-    """``POST /v1/chat/completions`` as a plain ASGI app: every failure answers in the error
-    shape; nothing is sent once the client has gone. Returns the status sent (499: none, the
-    client went away)."""
+async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> None:
+    """``POST /v1/chat/completions`` as a plain ASGI app (``answer_chat_completion``, sent)."""
+    response = await answer_chat_completion(scope, receive)
+    if response is not None:
+        await response(scope, receive, send)
+
+
+async def answer_chat_completion(scope: Scope, receive: Receive) -> Response | None:
+    """The answer to ``POST /v1/chat/completions``, to be sent: every failure answers in the
+    error shape. None: the client went away, nothing is to be sent."""
     gateway = get_gateway(scope["app"])
     try:
-        response = await chat_completion(gateway, scope, receive)
+        return await chat_completion(gateway, scope, receive)
     except APIError as exc:
-        response = error_response(exc)
+        return error_response(exc)
     except Exception as exc:  # as the app's handler answers it on every other route
-        response = internal_error(exc)
-    if response is None:
-        return 499
-    await response(scope, receive, send)
-    return response.status_code
+        return internal_error(exc)
 
 
 async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> Response | None:
