@@ -5,19 +5,27 @@ Side by side in one run, against the same fast OpenAI-compatible upstream
 proxies are what is measured):
 
 * direct: the upstream itself;
+* direct-2r: the upstream and a second process of it, one request on each in turn (what a client
+  that balances by itself does): the direct baseline of specdeck-2r below;
+* bare-proxy: benchmarks/bare_proxy.py, an ASGI app on uvicorn that forwards each request with
+  the gateway's upstream client and nothing else (no key, limit, JSON, routing, usage or
+  metrics): the floor of a proxy on this stack, against which the gateway's own work reads;
 * specdeck: a real ``specdeck api`` (Postgres; a key, a project and a ready deployment row pointing
   at the upstream, with its encrypted internal key): auth, rate limit, routing, usage recording;
 * specdeck-2p: the same with ``--workers 2``, two API processes behind one port (their CPU is the
   process tree's);
 * specdeck-2r: the first ``specdeck api``, to a deployment with two replicas, each a process of
-  the same upstream (the gateway balances over them; their CPU is counted together);
+  the same upstream (the gateway balances over them; their CPU is counted together); its added
+  latency is taken against direct-2r (a request that finds its upstream idle costs more on a
+  small VM, with or without a proxy in between), and printed against direct too;
 * litellm: LiteLLM's proxy (``litellm --config``, a master key, the same upstream as an
   ``openai/`` model), if it is installed (see below); skipped with a message otherwise.
 
 Latency: requests one at a time over one keep-alive connection per target, measured by a lean
 asyncio HTTP/1.1 client (so the client adds little noise): non-streaming (8 tokens), streaming
-(time to the first chunk and to the end of the stream). Added latency = percentile(target) -
-percentile(direct). Two orders: ``--block`` (50) requests in a row per target, after 3 that are
+(time to the first chunk and to the end of the stream; bare-proxy buffers a stream whole, so
+its streaming rows are a stream's end). Added latency = percentile(target) - percentile(its
+direct baseline). Two orders: ``--block`` (50) requests in a row per target, after 3 that are
 not counted, the targets taken in turn (so that drifts in load hit them alike), as under steady
 traffic; and one request per target in turn, where every request finds the processes idle (in a
 VM an idle vCPU halts, and waking it costs; a proxy has two processes to wake).
@@ -343,6 +351,18 @@ def start_upstream(procs: Processes, name: str, *extra: str) -> int:
     return port
 
 
+def start_bare_proxy(procs: Processes, upstream: int) -> int:
+    """benchmarks/bare_proxy.py in front of the upstream: the floor of a proxy on this stack."""
+    port = free_port()
+    procs.start("bare-proxy", [sys.executable, "-m", "uvicorn", "benchmarks.bare_proxy:app",
+                               "--host", HOST, "--port", str(port), "--loop", "uvloop",
+                               "--http", "httptools", "--no-access-log", "--log-level", "warning"],
+                base_env(BARE_PROXY_UPSTREAM=f"http://{HOST}:{upstream}/v1/chat/completions",
+                         BARE_PROXY_KEY=UPSTREAM_KEY))
+    wait_http(procs, "bare-proxy", f"http://{HOST}:{port}/health", 30)
+    return port
+
+
 def add_deployment(database_url: str, key_project: str, name: str, upstream_port: int,
                    capture: bool = False, replica_ports: Sequence[int] = ()) -> None:
     """A ready deployment row, moved there through the state machine as a worker would; with
@@ -664,10 +684,12 @@ def main(argv: list[str] | None = None) -> None:
         for name, port in api_ports.items():
             wait_http(procs, name, f"http://{HOST}:{port}/healthz", 60)
         api_port = api_ports["specdeck-api"]
+        bare = start_bare_proxy(procs, upstream)
         pids = {proc.name: proc.proc.pid for proc in procs.children}
         targets = [Target("direct", upstream, UPSTREAM_KEY, pids["upstream"]),
                    Target("direct-2r", upstream, UPSTREAM_KEY, pids["upstream"],
                           other_port=upstream_b),
+                   Target("bare-proxy", bare, UPSTREAM_KEY, pids["bare-proxy"]),
                    Target("specdeck", api_port, key, pids["specdeck-api"]),
                    Target("specdeck-2p", api_ports["specdeck-api-2p"], key,
                           pids["specdeck-api-2p"]),
@@ -682,11 +704,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.monotonic() - started:5.1f} s] processes ready", flush=True)
         # The paced upstream serves PACED; the direct target reaches it on its own port.
         paced_models = {"capture": PACED_CAPTURED, "specdeck-2r": PACED_REPLICATED}
+        unpaced_only = {"bare-proxy"}  # it forwards to the unpaced upstream only
         # Throughput is taken against the one direct upstream (direct-2r is a latency baseline).
         unpaced_targets = [t for t in targets if t.other_port is None]
         paced_targets = [Target(t.name, paced, t.key, pids["upstream-paced"]) if t.name == "direct"
                          else Target(t.name, t.port, t.key, t.pid, paced_models[t.name])
-                         if t.name in paced_models else t for t in unpaced_targets]
+                         if t.name in paced_models else t for t in unpaced_targets
+                         if t.name not in unpaced_only]
         latency, cold, throughput = asyncio.run(measure_all(
             targets, unpaced_targets, paced_targets, requests, min(50, requests), args.block, args.concurrency,
             seconds, rounds, {"paced": [pids["upstream-paced"], pids["upstream-paced-b"]],

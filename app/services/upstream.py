@@ -1,9 +1,10 @@
 """The gateway's HTTP/1.1 client for its upstreams (the engines' OpenAI-compatible servers).
 
-What a proxy's upstream hop needs and nothing more: POST a body, get the response head, then
-its body as it arrives, undecoded; pooled keep-alive connections per origin (at most
-``max_connections`` each, further requests wait for one); a connect timeout; a read timeout for
-the head and for each next piece of the body; back-pressure (reading pauses while a slow
+What a proxy's upstream hop needs and nothing more: POST a body, get the response head with
+the first piece of its body, then the rest as it arrives, undecoded; pooled keep-alive
+connections per origin (at most ``max_connections`` each, further requests wait for one); a
+connect timeout; a read timeout for the answer (its head and first piece) and for each next
+piece of the body; back-pressure (reading pauses while a slow
 client leaves a quarter megabyte unread); ``close()`` before the end drops the connection, so
 the engine sees its client go and aborts the request; a pooled connection the engine had closed
 is retried once on a new one. HTTP is parsed by httptools (llhttp, the parser uvicorn serves
@@ -58,7 +59,7 @@ class UpstreamResponse:
     (``UpstreamClient.send``) until the first ``close()``."""
 
     __slots__ = ("connection", "status", "headers", "body", "buffered", "complete", "error",
-                 "waiter", "timer", "inflight", "key", "released")
+                 "waiter", "inflight", "key", "released")
 
     def __init__(self, connection: _Connection, inflight: dict[str, int], key: str) -> None:
         self.connection = connection
@@ -69,7 +70,6 @@ class UpstreamResponse:
         self.complete = False
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
         self.inflight: dict[str, int] | None = inflight
         self.key = key
         self.released = False
@@ -98,26 +98,18 @@ class UpstreamResponse:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(error)
 
-    def _headed(self) -> None:
-        """The head arrived: whoever waits goes on waiting for the body (or its end), with the
-        read timeout started again (a wake-up for the head alone would cost a turn of the task
-        for nothing: the caller wants the body)."""
-        timer = self.timer
-        if timer is not None and self.waiter is not None and not self.waiter.done():
-            timer.cancel()
-            self.timer = self.connection.loop.call_later(
-                self.connection.client.read_timeout, _expire, self.waiter)
-
     async def _wait(self, timeout: float) -> None:
-        """Until the connection feeds some body, the end, or an error, or ``timeout``."""
+        """Until the connection feeds some body, the end, or an error, or ``timeout``. The head
+        alone wakes nobody: who reads a response wants its body (a wake-up for the head would
+        cost a turn of the task for nothing)."""
         loop = self.connection.loop
         self.waiter = waiter = loop.create_future()
-        self.timer = loop.call_later(timeout, _expire, waiter)
+        timer = loop.call_later(timeout, _expire, waiter)
         try:
             await waiter
         finally:
-            self.timer.cancel()
-            self.waiter = self.timer = None
+            timer.cancel()
+            self.waiter = None
 
     # --- read by the gateway
 
@@ -219,7 +211,6 @@ class _Connection(asyncio.Protocol):
         assert response is not None
         response.status, response.headers, self.headers = self.parser.get_status_code(), \
             self.headers, {}
-        response._headed()
 
     def on_body(self, body: bytes) -> None:
         assert self.response is not None
@@ -311,7 +302,7 @@ class UpstreamClient:
                    inflight: dict[str, int], key: str,
                    check: Check | None = None) -> UpstreamResponse:
         """POST ``body``; return once the response's head and the first piece of its body (or
-        its end) have arrived, the read timeout applying to each. ``inflight[key]`` counts
+        its end) have arrived, within the read timeout. ``inflight[key]`` counts
         the request from now until the response is closed. ``check`` is awaited once the
         request has been written and before its answer is: if it raises, the request is
         aborted (the upstream sees its client go) and the exception goes to the caller."""
