@@ -4,7 +4,8 @@ With Redis (the broker of a Postgres + Redis install, ``SPECDECK_BROKER_URL=redi
 
 * a key's rate limit is one bucket in Redis, checked and updated by one atomic script on Redis's
   own clock (GCRA: the bucket is the time at which it is next full), so any number of API
-  processes, on any number of hosts, enforce exactly one limit per key;
+  processes, on any number of hosts, enforce exactly one limit per key; a process takes a key
+  with room to spare a few requests at a time (``RedisRateLimiter``: never over the limit);
 * a revoked key is announced on a Redis channel once its revocation is committed; every API
   process's gateway listens and drops the key from its auth cache at once (and its whole auth
   cache when it had to reconnect, since it may have missed an announcement).
