@@ -31,7 +31,8 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {CLIENT_GONE: self.client_gone}  # type: ignore[typeddict-unknown-key]
+        extensions = {CLIENT_GONE: self.client_gone}
+        self.scope["extensions"] = extensions  # type: ignore[typeddict-unknown-key]
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

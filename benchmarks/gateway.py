@@ -712,9 +712,10 @@ def main(argv: list[str] | None = None) -> None:
                          if t.name in paced_models else t for t in unpaced_targets
                          if t.name not in unpaced_only]
         latency, cold, throughput = asyncio.run(measure_all(
-            targets, unpaced_targets, paced_targets, requests, min(50, requests), args.block, args.concurrency,
-            seconds, rounds, {"paced": [pids["upstream-paced"], pids["upstream-paced-b"]],
-                              "unpaced": [pids["upstream"], pids["upstream-b"]]}))
+            targets, unpaced_targets, paced_targets, requests, min(50, requests), args.block,
+            args.concurrency, seconds, rounds,
+            {"paced": [pids["upstream-paced"], pids["upstream-paced-b"]],
+             "unpaced": [pids["upstream"], pids["upstream-b"]]}))
         for proc in procs.children:
             proc.check_alive()
         captured = captured_rows(database_url) if args.capture else None

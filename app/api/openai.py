@@ -702,20 +702,7 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
     if route.sample():
         gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
                                             messages, body, False))
-    return Completion(body)
-
-
-class Completion(Response):
-    """A non-streaming completion's JSON, as the engine sent it."""
-
-    def __init__(self, body: bytes) -> None:
-        self.status_code, self.body, self.background = 200, body, None
-        self.raw_headers = [(b"content-type", b"application/json"),
-                            (b"content-length", b"%d" % len(body))]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body})
+    return Response(body, media_type=_JSON)
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,

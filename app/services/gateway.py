@@ -45,10 +45,10 @@ from sqlalchemy.orm import Session
 
 from app.db import session_scope
 from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
+from app.server import CLIENT_GONE
 from app.services import capture, limits
 from app.services.capture import Sampled
 from app.services.keys import hash_key
-from app.server import CLIENT_GONE
 from app.services.secrets import cipher
 from app.services.state import DeploymentStatus
 from app.services.upstream import UpstreamClient, UpstreamError

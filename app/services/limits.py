@@ -360,7 +360,7 @@ class RedisRateLimiter:
         self.sha = hashlib.sha1(GCRA.encode()).hexdigest()
         self._warned = 0.0
         self.held: dict[str, int] = {}  # key id -> tokens taken from its bucket, not used yet
-        self.held_since: dict[str, float] = {}  # key id -> when it last had none held
+        self.held_since: dict[str, float] = {}  # key id -> when the tokens it holds were taken
         self.credit: dict[str, int] = {}  # key id -> its requests that may go before the answer
         self.asking: dict[str, int] = {}  # key id -> its questions to Redis not yet answered
         self.batching: set[str] = set()  # key ids with a question for several tokens on its way

@@ -118,7 +118,6 @@ def test_without_the_extension_a_task_waits_on_receive() -> None:
             return False
 
         task = asyncio.get_running_loop().create_task(request())
-        await asyncio.sleep(0.01)
         gone.set()
         assert await asyncio.wait_for(task, 10) is True
 
