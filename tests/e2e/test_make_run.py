@@ -347,13 +347,18 @@ def test_sigterm_stops_the_whole_stack(tmp_path: Path, demo_assets) -> None:
 
         upstream = query(run, "SELECT upstream_url FROM deployments WHERE id = :id", id=deployment_id)
         engine_port = int(upstream.rsplit(":", 1)[1])
+        # The whole stack is one tree: the worker's jobs and engines are its children (in
+        # sessions of their own), so the tree holds them. The job's processes are found first
+        # and the tree read after: a stage starting goes on spawning (the trainer's own
+        # children), and a process born between the two reads is in the tree read last; one
+        # that ended between them is in neither, and is no part of the claim.
+        job_pids, engine_pids = job_processes(job_id), job_processes(deployment_id)
         tree = psutil.Process(run.proc.pid).children(recursive=True)
         pids = {p.pid for p in tree}
-        # The whole stack is one tree: the worker's jobs and engines are its children (in
-        # sessions of their own), so the tree holds them.
-        job_pids, engine_pids = job_processes(job_id), job_processes(deployment_id)
         assert job_pids and engine_pids
-        assert set(job_pids) | set(engine_pids) <= pids, (job_pids, engine_pids, describe(tree))
+        outside = {pid for pid in set(job_pids) | set(engine_pids)
+                   if pid not in pids and psutil.pid_exists(pid)}
+        assert not outside, (job_pids, engine_pids, describe(tree))
         assert not port_free(run.port) and not port_free(engine_port)
 
         began = time.monotonic()
