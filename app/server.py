@@ -16,22 +16,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 CLIENT_GONE = "specdeck.client_gone"
+# A dict that lives as long as the client's connection, for what the app may reuse from one
+# request to the next on it (the gateway: the hash of the last API key it was sent).
+CONNECTION = "specdeck.connection"
 
 
 class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with the ``CLIENT_GONE`` extension in each scope."""
+    """uvicorn's httptools protocol, with the ``CLIENT_GONE`` and ``CONNECTION`` extensions in
+    each scope."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.client_gone: set[Callable[[], None]] = set()
+        self.connection_state: dict[str, Any] = {}
         super().connection_made(transport)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        extensions = {CLIENT_GONE: self.client_gone}
+        extensions = {CLIENT_GONE: self.client_gone, CONNECTION: self.connection_state}
         self.scope["extensions"] = extensions  # type: ignore[typeddict-unknown-key]
 
     def connection_lost(self, exc: Exception | None) -> None:

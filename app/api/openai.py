@@ -77,6 +77,7 @@ from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
 from app.services.limits import EARLY_REFUSED, Verdict
+from app.server import CONNECTION
 from app.services.gateway import (
     Caller,
     ClientWatch,
@@ -103,19 +104,22 @@ _WWW_AUTH = {"WWW-Authenticate": "Bearer"}
 _NOT_READY = frozenset({DeploymentStatus.PENDING.value, DeploymentStatus.STARTING.value})
 _ROUTABLE = _NOT_READY | {DeploymentStatus.READY.value}
 _JSON = "application/json"
-_decoder = json.JSONDecoder()
 
 
 # --- auth, limits, routing ---------------------------------------------------------------------
 
-async def authenticate(gateway: Gateway, header: str | None) -> Caller:
+async def authenticate(gateway: Gateway, header: str | None,
+                       connection: dict[str, Any] | None = None) -> Caller:
+    """The caller of an Authorization header (401 if none); ``connection``: see
+    ``Gateway.caller``."""
     if not header:
         raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",
                        code="missing_api_key", headers=_WWW_AUTH)
     scheme, _, token = header.partition(" ")
     token = token.strip()
     try:
-        caller = await gateway.caller(token) if token and scheme.lower() == "bearer" else None
+        caller = (await gateway.caller(token, connection) if token and scheme.lower() == "bearer"
+                  else None)
     except Exception:  # the database is unreachable and the key is not cached: logged by the cache
         raise unavailable(gateway) from None
     if caller is None:
@@ -281,27 +285,6 @@ def transport_error(gateway: Gateway, exc: UpstreamError) -> APIError:
                         type="server_error")
     return APIError(502, f"The model server failed: {type(exc).__name__}", code="upstream_error",
                     type="server_error")
-
-
-def find_object(content: bytes, name: str) -> dict[str, Any] | None:
-    """The top-level object ``name`` of a completion (``usage`` comes last, ``metrics`` near
-    the end), found from the end without parsing the rest; the whole body is parsed only if
-    that fails."""
-    key = f'"{name}"'.encode()
-    at = content.rfind(key)
-    if at < 0:
-        return None
-    colon = content.find(b":", at + len(key))
-    try:
-        found, _ = _decoder.raw_decode(content[colon + 1:].lstrip().decode())
-        return found if isinstance(found, dict) else None
-    except (ValueError, UnicodeDecodeError):
-        pass
-    try:
-        found = json.loads(content).get(name)
-    except (ValueError, AttributeError):
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def acceptance_length(metrics: Any) -> float | None:
@@ -607,7 +590,8 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
     limit = gateway.max_body_bytes
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(limit)  # before anything else, as for every route
-    caller = await authenticate(gateway, authorization)
+    caller = await authenticate(gateway, authorization,
+                                scope.get("extensions", {}).get(CONNECTION))
     # The rate limit's answer is asked for now; unless it may come while the request is on its
     # way upstream (``Verdict.early``), it is awaited here, before anything else.
     verdict = gateway.limiter.ask(caller.key_id) if gateway.limiter.enabled else None
@@ -692,8 +676,12 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
         raise upstream_error(upstream.status, body, upstream.header("Retry-After"))
     # Before the answer goes, not after: on a small VM the client, woken by the answer, waits
     # for what this process still does (docs/benchmarks.md, "Work after a write").
-    record_usage(gateway, caller, route, find_object(body, "usage"),
-                 find_object(body, "metrics") if b'"speculative_decoding"' in body else None)
+    try:
+        answer = orjson.loads(body)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        record_usage(gateway, caller, route, answer.get("usage"), answer.get("metrics"))
     if route.sample():
         gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
                                             messages, body, False))

@@ -38,6 +38,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
+
 from cryptography.fernet import InvalidToken, MultiFernet
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -45,7 +46,7 @@ from sqlalchemy.orm import Session
 
 from app.db import session_scope
 from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
-from app.server import CLIENT_GONE
+from app.server import CLIENT_GONE, CONNECTION
 from app.services import capture, limits
 from app.services.capture import Sampled
 from app.services.keys import hash_key
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 T = TypeVar("T")
+KEY_HASH = "key_hash"  # in a connection's state: (the last API key sent on it, its hash)
 
 # --- caches ------------------------------------------------------------------------------------
 
@@ -599,8 +601,20 @@ class Gateway:
         await self.client.aclose()
         await self.limiter.aclose()
 
-    async def caller(self, raw_key: str) -> Caller | None:
-        return await self.callers.get(hash_key(raw_key))
+    async def caller(self, raw_key: str, connection: dict[str, Any] | None = None
+                     ) -> Caller | None:
+        """The key's caller; None if there is no such key (or it was revoked). ``connection``:
+        the client connection's state (``app.server.CONNECTION``), where the key's hash is kept
+        for the next request on it (hashing took 4-5 us of a request's CPU on its way:
+        docs/benchmarks.md, "The gateway's own work"). The caller is looked up each time."""
+        known = connection.get(KEY_HASH) if connection is not None else None
+        if known is not None and known[0] == raw_key:
+            key_hash = known[1]
+        else:
+            key_hash = hash_key(raw_key)
+            if connection is not None:
+                connection[KEY_HASH] = (raw_key, key_hash)
+        return await self.callers.get(key_hash)
 
     async def project_routes(self, project_id: str) -> ProjectRoutes:
         return await self.routes.get(project_id)

@@ -382,6 +382,41 @@ def test_missing_invalid_and_revoked_keys_are_401(gateway: Gateway) -> None:
     assert_error(gateway.chat(key, model="m"), 401, "invalid_api_key")
 
 
+def test_keys_taking_turns_on_one_keep_alive_connection(gateway: Gateway) -> None:
+    """The gateway keeps the hash of the last key sent on a client connection
+    (``Gateway.caller``): a connection whose requests change keys is answered for each key, and
+    a key revoked while its connection stays open is refused on that connection."""
+    mine, theirs = make_key(), make_key()
+    deploy(gateway, mine, "mine-on-one-connection")
+    deploy(gateway, theirs, "theirs-on-one-connection")
+    ports = set()
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+
+        def chat(key: Key, model: str) -> httpx.Response:
+            response = client.post("/v1/chat/completions", json={"messages": MESSAGES,
+                                   "model": model},
+                                   headers={"Authorization": f"Bearer {key.plaintext}"})
+            ports.add(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+            return response
+
+        assert chat(mine, "mine-on-one-connection").status_code == 200
+        assert_error(chat(mine, "theirs-on-one-connection"), 404, "model_not_found", "model")
+        assert chat(theirs, "theirs-on-one-connection").status_code == 200
+        assert_error(chat(theirs, "mine-on-one-connection"), 404, "model_not_found", "model")
+        assert_error(chat(Key("sdk-nope", "", ""), "mine-on-one-connection"), 401,
+                     "invalid_api_key")
+        assert chat(mine, "mine-on-one-connection").status_code == 200
+        from app.db import session_scope
+        from app.db.models import ApiKey, utcnow
+
+        with session_scope() as session:
+            session.get(ApiKey, mine.id).revoked_at = utcnow()
+        time.sleep(AUTH_CACHE_SECONDS + 0.1)  # as in the test above
+        assert_error(chat(mine, "mine-on-one-connection"), 401, "invalid_api_key")
+        assert chat(theirs, "theirs-on-one-connection").status_code == 200
+    assert len(ports) == 1  # every request went over the one connection
+
+
 def test_unknown_model_and_another_projects_model_are_404(gateway: Gateway) -> None:
     mine, theirs = make_key(), make_key()
     deploy(gateway, theirs, "private-model")
