@@ -7,7 +7,9 @@ the same upstreams: the working tree's ("tree") and REF's ("ref": ``git archive 
 workers`` unpacked in a temporary directory, first on its PYTHONPATH; the database is migrated
 by the tree, so REF must share its schema). The targets are taken in turn, 50 requests in a row
 each, for several rounds, and the difference is read within each round, where the machine's
-state was the same for both: tree - ref per round, and its median.
+state was the same for both: tree - ref per round, and its median. Every other round, ref's
+targets go before tree's. Run it with ``--ref HEAD`` on a clean tree to see what the machine's
+noise alone gives (an A/A run).
 
 Targets: direct (the upstream), tree and ref (a one-replica deployment), and with
 ``--replicas`` direct-2r, tree-2r and ref-2r (two replicas; direct-2r takes the two upstreams
@@ -56,6 +58,7 @@ from _stack import (  # noqa: E402
 )
 
 KINDS = (bench.KINDS[0], bench.KINDS[2])  # non-streaming; a stream, whole
+SWAP = {"tree": "ref", "ref": "tree", "tree-2r": "ref-2r", "ref-2r": "tree-2r"}
 
 
 def unpack(ref: str, into: Path) -> Path:
@@ -177,9 +180,14 @@ def main(argv: list[str] | None = None) -> None:
                         bench.Target("tree-2r", tree_port, key, tree_pid, bench.REPLICATED),
                         bench.Target("ref-2r", ref_port, key, ref_pid, bench.REPLICATED)]
             pairs.append(("tree-2r", "ref-2r", "direct-2r"))
+        by_name = {t.name: t for t in targets}
         rounds = []
         for i in range(args.rounds):
-            rounds.append(asyncio.run(one_round(targets, args.requests, 20, args.block,
+            # Every other round ref goes first: whatever a target gains or loses by its place
+            # in the turn (a warmer cache after the target before it) falls on both alike.
+            order = targets if i % 2 == 0 else [by_name[SWAP.get(t.name, t.name)]
+                                                for t in targets]
+            rounds.append(asyncio.run(one_round(order, args.requests, 20, args.block,
                                                 {"tree": tree_pid, "ref": ref_pid})))
             p50 = rounds[-1][0]
             print(f"round {i + 1}: " + ", ".join(
