@@ -115,6 +115,18 @@ def load() -> float:
         return math.nan
 
 
+def loop_ms() -> float:
+    """Milliseconds a fixed Python loop takes here now (the best of 3): on a shared VM the
+    same machine runs it 30-40% slower at times (a busy neighbour on the host), and every
+    latency with it."""
+    best = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        sum(range(10**7))
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
 # --- lifecycle ---------------------------------------------------------------------------------
 
 def exit_on_sigterm() -> None:

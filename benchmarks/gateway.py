@@ -84,6 +84,7 @@ from _stack import (  # noqa: E402
     exit_on_sigterm,
     free_port,
     load,
+    loop_ms,
     machine,
     percentile,
     postgres_database,
@@ -471,10 +472,11 @@ def median_rate(runs: list[Throughput]) -> float:
 
 def report(latency: dict[str, Latencies], cold: dict[str, Latencies],
            throughput: dict[str, dict[str, list[Throughput]]], command: str, load_before: float,
-           concurrency: int, block: int, skipped: str | None) -> None:
+           loop_before: float, concurrency: int, block: int, skipped: str | None) -> None:
     names = list(latency)
     print(f"\n{command}\n{machine()}; 1-minute load average {load_before:.2f} before, "
-          f"{load():.2f} after\n")
+          f"{load():.2f} after; sum(range(10**7)) {loop_before:.0f} ms before, "
+          f"{loop_ms():.0f} ms after\n")
     print(f"Latency, one request at a time, {block} in a row per target (ms):\n")
     print(latency_table(latency))
     print("\nLatency, one request at a time, one per target in turn (every request wakes idle "
@@ -641,7 +643,7 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.install()
     except ImportError:
         pass
-    load_before = load()
+    load_before, loop_before = load(), loop_ms()
     started = time.monotonic()
     litellm = None if args.no_litellm else find_litellm(args.litellm)
     skipped = None
@@ -720,8 +722,8 @@ def main(argv: list[str] | None = None) -> None:
             proc.check_alive()
         captured = captured_rows(database_url) if args.capture else None
     command = " ".join([".venv/bin/python", "benchmarks/gateway.py", *(argv or sys.argv[1:])])
-    report(latency, cold, throughput, command, load_before, args.concurrency, args.block,
-           skipped)
+    report(latency, cold, throughput, command, load_before, loop_before, args.concurrency,
+           args.block, skipped)
     if captured is not None:
         capture_report(latency, cold, throughput, captured)
     figures = {name: summary(latency, throughput, name)
@@ -731,6 +733,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps({**figures["specdeck"], "two_api_processes": figures["specdeck-2p"],
                           "two_replicas": figures["specdeck-2r"],
+                          "bare_proxy_added_p50_ms": round(
+                              added_p50(latency, "bare-proxy", KINDS[0]) * 1000, 4),
                           "machine": machine(), "command": command}))
 
 
