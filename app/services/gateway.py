@@ -38,7 +38,6 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
-
 from cryptography.fernet import InvalidToken, MultiFernet
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
