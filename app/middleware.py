@@ -21,7 +21,7 @@ class BatchedRequestMetrics:
     metrics every ``BATCH`` requests and whenever /metrics is read (``flush_batched_metrics``),
     so a scrape never misses one. Observed one by one, each request took 5-6 us of CPU on its
     way (prometheus_client takes a lock per counter it adds to), against a fraction of a
-    microsecond for the append (docs/benchmarks.md, "The gateway's own work")."""
+    microsecond for the append (docs/benchmarks.md, "Pinned to one CPU")."""
 
     BATCH = 256
 

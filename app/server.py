@@ -10,6 +10,11 @@ request's scope carries ``scope["extensions"][CLIENT_GONE]``: a set of callables
 connection, each called once when the connection is lost; the app adds one while it waits and
 discards it when done. Served by another server, the app falls back to the task
 (``app.services.gateway.ClientWatch``).
+
+Each scope also carries ``scope["extensions"][CONNECTION]``, a dict of that connection, kept as
+long as it lives, where the app keeps what it may reuse from one request to the next on it (the
+gateway: the hash of the last API key sent, which cost 4-5 us of each request's CPU to hash
+again: docs/benchmarks.md, "Pinned to one CPU").
 """
 
 from __future__ import annotations

@@ -605,7 +605,7 @@ class Gateway:
         """The key's caller; None if there is no such key (or it was revoked). ``connection``:
         the client connection's state (``app.server.CONNECTION``), where the key's hash is kept
         for the next request on it (hashing took 4-5 us of a request's CPU on its way:
-        docs/benchmarks.md, "The gateway's own work"). The caller is looked up each time."""
+        docs/benchmarks.md, "Pinned to one CPU"). The caller is looked up each time."""
         known = connection.get(KEY_HASH) if connection is not None else None
         if known is not None and known[0] == raw_key:
             key_hash = known[1]
