@@ -364,6 +364,18 @@ def start_bare_proxy(procs: Processes, upstream: int) -> int:
     return port
 
 
+def api_env(database_url: str, tmp: Path) -> tuple[dict[str, str], str]:
+    """The environment of the benchmark's ``specdeck api`` processes, the database migrated,
+    and an API key of the project "bench". Redis is the broker, as in production
+    (docker-compose.yml): the rate limit is the one bucket per key in Redis that every API
+    process shares (app/services/limits.py), with room for every request of the run."""
+    env = base_env(SPECDECK_DATABASE_URL=database_url, **roots(tmp / "specdeck"),
+                   SPECDECK_BROKER_URL=REDIS_URL, SPECDECK_GATEWAY_RATE_LIMIT_RPM="100000000",
+                   SPECDECK_GATEWAY_RATE_LIMIT_BURST="1000000")
+    specdeck(env, "db", "upgrade")
+    return env, create_key(env, "bench")
+
+
 def add_deployment(database_url: str, key_project: str, name: str, upstream_port: int,
                    capture: bool = False, replica_ports: Sequence[int] = ()) -> None:
     """A ready deployment row, moved there through the state machine as a worker would; with
@@ -662,14 +674,7 @@ def main(argv: list[str] | None = None) -> None:
         upstream_b = start_upstream(procs, "upstream-b", "--tokens", str(TOKENS))
         paced_b = start_upstream(procs, "upstream-paced-b", "--tokens", str(PACED_TOKENS),
                                  "--delay", str(PACE))
-        # Redis as the broker, as in production (docker-compose.yml): the rate limit is the one
-        # bucket per key in Redis that every API process shares (app/services/limits.py).
-        env = base_env(SPECDECK_DATABASE_URL=database_url, **roots(tmp / "specdeck"),
-                       SPECDECK_BROKER_URL=REDIS_URL,
-                       SPECDECK_GATEWAY_RATE_LIMIT_RPM="100000000",
-                       SPECDECK_GATEWAY_RATE_LIMIT_BURST="1000000")
-        specdeck(env, "db", "upgrade")
-        key = create_key(env, "bench")
+        env, key = api_env(database_url, tmp)
         add_deployment(database_url, "bench", MODEL, upstream)
         add_deployment(database_url, "bench", PACED, paced)
         add_deployment(database_url, "bench", REPLICATED, upstream, replica_ports=[upstream_b])

@@ -44,16 +44,12 @@ from _stack import (  # noqa: E402
     ROOT,
     SPECDECK,
     Processes,
-    base_env,
-    create_key,
     exit_on_sigterm,
     free_port,
     load,
     machine,
     percentile,
     postgres_database,
-    roots,
-    specdeck,
     table,
 )
 
@@ -159,12 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         ref_dir = unpack(args.ref, tmp / "ref")
         upstream = bench.start_upstream(procs, "upstream", "--tokens", str(bench.TOKENS))
         upstream_b = bench.start_upstream(procs, "upstream-b", "--tokens", str(bench.TOKENS))
-        env = base_env(SPECDECK_DATABASE_URL=database_url, **roots(tmp / "specdeck"),
-                       SPECDECK_BROKER_URL=bench.REDIS_URL,
-                       SPECDECK_GATEWAY_RATE_LIMIT_RPM="100000000",
-                       SPECDECK_GATEWAY_RATE_LIMIT_BURST="1000000")
-        specdeck(env, "db", "upgrade")
-        key = create_key(env, "bench")
+        env, key = bench.api_env(database_url, tmp)
         bench.add_deployment(database_url, "bench", bench.MODEL, upstream)
         bench.add_deployment(database_url, "bench", bench.REPLICATED, upstream,
                              replica_ports=[upstream_b])
