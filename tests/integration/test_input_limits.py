@@ -32,6 +32,21 @@ def test_a_body_nested_too_deep_is_a_client_error(api: Api, job_body, stack: Sta
     assert count_jobs(stack) == before
 
 
+def test_the_gateway_refuses_what_pythons_json_cannot_parse_and_no_more(api: Api) -> None:
+    """The gateway parses with orjson (1,024 levels), and a body with over 500 brackets with
+    Python's json as well, which the engines parse with: deeper than either goes is 400; a
+    shallow body with many brackets goes on (here, to the model's lookup)."""
+    headers = {"Content-Type": "application/json"}
+    for deep in ("[" * 2000 + "]" * 2000, "[" * 1100 + "]" * 1100):
+        response = api.post("/v1/chat/completions", headers=headers,
+                            content='{"model": "m", "messages": [], "x": ' + deep + "}")
+        assert_error(response, 400, "invalid_json")
+    wide = "[" + ", ".join(["[{}]"] * 600) + "]"
+    response = api.post("/v1/chat/completions", headers=headers,
+                        content='{"model": "m", "messages": [], "x": ' + wide + "}")
+    assert_error(response, 404, "model_not_found", "model")
+
+
 @pytest.mark.parametrize("overrides, param", [
     ({"metadata": {"k": "a\u0000b"}}, "metadata"),
     ({"metadata": {"a\u0000b": "v"}}, "metadata"),
