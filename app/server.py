@@ -47,6 +47,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.connection_state.clear()  # the last key sent on it goes with the connection
         gone, self.client_gone = self.client_gone, set()
         for callback in gone:
             callback()

@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from app.server import CLIENT_GONE, HttpProtocol
+from app.server import CLIENT_GONE, CONNECTION, HttpProtocol
 from app.services.gateway import ClientWatch
 
 REQUEST = b"POST /wait HTTP/1.1\r\nHost: test\r\nContent-Length: 2\r\n\r\n{}"
@@ -40,6 +40,8 @@ def test_the_server_tells_the_watch_that_the_client_went_away() -> None:
         await receive()  # the body
         watch = ClientWatch(scope, receive)
         seen["watch"], seen["registry"] = watch, scope["extensions"][CLIENT_GONE]
+        seen["state"] = scope["extensions"][CONNECTION]
+        seen["state"]["key_hash"] = ("sk-the-clients-key", "its hash")  # as the gateway keeps
         seen["waiting"].set()
         try:
             await asyncio.sleep(60)  # an engine that takes its time
@@ -63,6 +65,7 @@ def test_the_server_tells_the_watch_that_the_client_went_away() -> None:
             await asyncio.wait_for(seen["done"].wait(), 10)
             assert watch.gone and seen["swallowed"]
             assert not seen["registry"]
+            assert seen["state"] == {}  # the key it was sent is not kept past the connection
         finally:
             server.should_exit = True
             await serving
