@@ -184,7 +184,7 @@ def invalid(message: str, param: str | None, code: str = "invalid_value") -> API
 # orjson parses 1,024 levels deep. Python's json, which the engines parse a request with (vLLM,
 # SGLang), fails at fewer: its recursion limit, 1,000 frames less its own stack. A body with this
 # many brackets is parsed by json.loads too, so that what an engine could not parse is refused
-# here, never sent (a few bodies: a chat request nests a dozen levels).
+# here, never sent (rarely: a chat request nests a dozen levels and has a few dozen brackets).
 _BRACKETS_CHECKED = 500
 
 
