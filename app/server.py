@@ -1,5 +1,6 @@
 """The HTTP protocol `specdeck api` serves with: uvicorn's own (httptools), which also tells the
-app at once when a client goes away, without a task per request waiting on ``receive()``.
+app at once when a client goes away, without a task per request waiting on ``receive()``, and
+answers one route directly, past the per-request machinery of ASGI.
 
 ASGI's one way to learn that a client went away is a ``receive()`` that returns
 ``http.disconnect``: the gateway, which must abort an engine's request when its client goes,
@@ -15,29 +16,66 @@ Each scope also carries ``scope["extensions"][CONNECTION]``, a dict of that conn
 long as it lives, where the app keeps what it may reuse from one request to the next on it (the
 gateway: the hash of the last API key sent, which cost 4-5 us of each request's CPU to hash
 again: docs/benchmarks.md, "Pinned to one CPU").
+
+**A route answered directly** (``DirectRoute``: the gateway's chat completions). An app may
+name one POST route in its ``direct_route`` attribute. A request to it, its URL exactly the
+route's path, is answered by ``DirectRoute.answer`` in a task of its own,
+without uvicorn's ASGI wrapper, the parsing of its URL, and the two ASGI messages of a response
+(each checked and written on its own): a Starlette ``Response`` whose body is whole (its class
+keeps ``Response.__call__``) goes out in one write, status line, headers and body; any other
+answer (a stream) is an ASGI app, run with uvicorn's ``receive`` and ``send``. Everything else
+about the connection stays uvicorn's: the request's body and flow control, keep-alive,
+pipelining (a request that arrives while another is answered waits, on the ASGI way), a client
+that goes away, a graceful shutdown, the access log. A request with ``Expect: 100-continue``, a
+query string, or a concurrency limit set goes the ASGI way, to the same app. That way cost about
+28 us of CPU a request more, pinned to one CPU, and twice that on both (docs/benchmarks.md,
+"The ASGI layer").
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 CLIENT_GONE = "specdeck.client_gone"
 # A dict that lives as long as the client's connection, for what the app may reuse from one
 # request to the next on it (the gateway: the hash of the last API key it was sent).
 CONNECTION = "specdeck.connection"
 
+Answer = Callable[[Scope, Receive, bytes | None], Awaitable[Response | ASGIApp | None]]
+
+
+class DirectRoute(NamedTuple):
+    """A POST route that ``HttpProtocol`` answers directly: ``answer(scope, receive, body)``
+    (``body``: the request's if it had all arrived when the task started, else None, and it is
+    read with ``receive``) returns the response (a whole Starlette ``Response`` or an ASGI
+    app), or None when the client went away and nothing is to be sent."""
+
+    path: str
+    answer: Answer
+
 
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with the ``CLIENT_GONE`` and ``CONNECTION`` extensions in
-    each scope."""
+    each scope, and the app's ``direct_route`` answered directly."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.client_gone: set[Callable[[], None]] = set()
         self.connection_state: dict[str, Any] = {}
+        route: DirectRoute | None = getattr(self.app, "direct_route", None)
+        self.direct = None if route is None else (route.path.encode("ascii"), route)
         super().connection_made(transport)
 
     def on_message_begin(self) -> None:
@@ -51,3 +89,91 @@ class HttpProtocol(HttpToolsProtocol):
         gone, self.client_gone = self.client_gone, set()
         for callback in gone:
             callback()
+
+    def on_headers_complete(self) -> None:
+        direct = self.direct
+        if (direct is None or self.url != direct[0] or self.parser.get_method() != b"POST"
+                or self.expect_100_continue or self.limit_concurrency is not None
+                or (self.cycle is not None and not self.cycle.response_complete)
+                or self.parser.should_upgrade()):
+            super().on_headers_complete()  # the ASGI way
+            return
+        http_version = self.parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = self.root_path + direct[1].path
+        scope["raw_path"] = self.root_path.encode("ascii") + direct[0]
+        scope["query_string"] = b""
+        self.cycle = cycle = RequestResponseCycle(
+            scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=self.access_log,
+            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
+            on_response=self.on_response_complete)
+        task = self.loop.create_task(self.answer_directly(cycle, direct[1].answer))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def answer_directly(self, cycle: RequestResponseCycle, answer: Answer) -> None:
+        async def respond(scope: Scope, receive: Receive, send: Any) -> None:
+            body = None  # still coming: read with receive()
+            if not cycle.more_body:  # the common case: it came with the head; taken as
+                body, cycle.body = bytes(cycle.body), bytearray()  # receive() takes it
+                cycle.message_event.clear()
+            response = await answer(scope, receive, body)
+            if response is None:
+                return
+            if is_whole(response):
+                write_whole(cycle, response)
+                if response.background is not None:
+                    await response.background()
+            else:
+                await response(scope, receive, send)
+
+        await cycle.run_asgi(respond)  # its handling of errors and of an answer never sent
+
+
+def is_whole(response: Any) -> bool:
+    """A Starlette ``Response`` that sends its body in one message, with a body to send."""
+    return (isinstance(response, Response) and type(response).__call__ is Response.__call__
+            and 200 <= response.status_code and response.status_code not in (204, 304))
+
+
+def write_whole(cycle: RequestResponseCycle, response: Response) -> None:
+    """What uvicorn's ``cycle.send`` does with a response's start and its one body message, in
+    one write."""
+    if cycle.disconnected:
+        return
+    status, body = response.status_code, response.body
+    if cycle.access_log:
+        cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope),
+                                 cycle.scope["method"], get_path_with_query_string(cycle.scope),
+                                 cycle.scope["http_version"], status)
+    content, length, close = [STATUS_LINE[status]], False, False
+    for name, value in (*cycle.default_headers, *response.raw_headers):
+        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+            raise RuntimeError("Invalid HTTP header.")
+        if name == b"content-length":
+            if int(value) != len(body):
+                raise RuntimeError("Response content length differs from Content-Length")
+            length = True
+        elif name == b"connection" and b"close" in value.lower():
+            close = True
+        content += (name, b": ", value, b"\r\n")
+    if not length:
+        content.append(b"content-length: %d\r\n" % len(body))
+    if close:
+        cycle.keep_alive = False
+    elif not cycle.keep_alive:
+        content.append(b"connection: close\r\n")
+    content += (b"\r\n", body)
+    cycle.response_started = True
+    cycle.transport.write(b"".join(content))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()

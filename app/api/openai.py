@@ -77,7 +77,7 @@ from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
 from app.services.limits import EARLY_REFUSED, Verdict
-from app.server import CONNECTION
+from app.server import CONNECTION, DirectRoute
 from app.services.gateway import (
     Caller,
     ClientWatch,
@@ -524,7 +524,10 @@ class GatewayFastPath:
     layers do for it is done here or there: the request's metrics (status 499 when the client
     went away before an answer), the body limit and a 500 in the error shape
     (``answer_chat_completion``). Everything else goes to ``app`` behind uvicorn's proxy headers
-    middleware, trusting FORWARDED_ALLOW_IPS as uvicorn itself does (default 127.0.0.1)."""
+    middleware, trusting FORWARDED_ALLOW_IPS as uvicorn itself does (default 127.0.0.1).
+
+    ``direct_route`` names the same route to `specdeck api`'s protocol, which answers it with
+    ``answer`` without ASGI's per-request machinery (``app.server.HttpProtocol``)."""
 
     def __init__(self, app: ASGIApp, forwarded_allow_ips: str = "127.0.0.1") -> None:
         self.app = app
@@ -532,32 +535,46 @@ class GatewayFastPath:
         # The route above, for the metrics' label (what routing would have put in the scope).
         self.route = next(r for r in router.routes if getattr(r, "path", "") == CHAT_COMPLETIONS)
         self.metrics = BatchedRequestMetrics("POST", CHAT_COMPLETIONS)
+        self.direct_route = DirectRoute(CHAT_COMPLETIONS, self.answer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path, root = scope["path"], scope.get("root_path", "")
             if path == CHAT_COMPLETIONS or (root and path == root + CHAT_COMPLETIONS):
-                scope["app"], scope["route"] = self.app, self.route
-                started = time.perf_counter()
-                try:
-                    response = await answer_chat_completion(scope, receive)
-                except BaseException:
-                    self.observe(started, 500)
-                    raise
-                if response is None:
-                    self.observe(started, 499)
-                elif isinstance(response, SSEProxy):  # its latency is the whole stream's
-                    try:
-                        await response(scope, receive, send)
-                    finally:
-                        self.observe(started, 200)
-                else:
-                    # Before the answer goes: on a small VM the client, woken by it, would
-                    # wait for this (docs/benchmarks.md, "Work after a write").
-                    self.observe(started, response.status_code)
+                response = await self.answer(scope, receive)
+                if response is not None:
                     await response(scope, receive, send)
                 return
         await self.rest(scope, receive, send)
+
+    async def answer(self, scope: Scope, receive: Receive,
+                     body: bytes | None = None) -> ASGIApp | None:
+        """The answer to a chat completion request, its metrics observed: a response (a
+        stream's once it ends), or None when the client went away. ``body``: the request's,
+        if it has all arrived (else it is read with ``receive``)."""
+        scope["app"], scope["route"] = self.app, self.route
+        started = time.perf_counter()
+        try:
+            response = await answer_chat_completion(scope, receive, body)
+        except BaseException:
+            self.observe(started, 500)
+            raise
+        if response is None:
+            self.observe(started, 499)
+        elif isinstance(response, SSEProxy):  # its latency is the whole stream's
+            return functools.partial(self.stream, response, started)
+        else:
+            # Before the answer goes: on a small VM the client, woken by it, would wait for
+            # this (docs/benchmarks.md, "Work after a write").
+            self.observe(started, response.status_code)
+        return response
+
+    async def stream(self, response: SSEProxy, started: float, scope: Scope, receive: Receive,
+                     send: Send) -> None:
+        try:
+            await response(scope, receive, send)
+        finally:
+            self.observe(started, 200)
 
     def observe(self, started: float, status: int) -> None:
         self.metrics.observe(time.perf_counter() - started, status)
@@ -587,19 +604,21 @@ async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> N
         await response(scope, receive, send)
 
 
-async def answer_chat_completion(scope: Scope, receive: Receive) -> Response | None:
+async def answer_chat_completion(scope: Scope, receive: Receive,
+                                 body: bytes | None = None) -> Response | None:
     """The answer to ``POST /v1/chat/completions``, to be sent: every failure answers in the
     error shape. None: the client went away, nothing is to be sent."""
     gateway = get_gateway(scope["app"])
     try:
-        return await chat_completion(gateway, scope, receive)
+        return await chat_completion(gateway, scope, receive, body)
     except APIError as exc:
         return error_response(exc)
     except Exception as exc:  # as the app's handler answers it on every other route
         return internal_error(exc)
 
 
-async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> Response | None:
+async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive,
+                          raw: bytes | None = None) -> Response | None:
     authorization = length = None
     for name, value in scope["headers"]:
         if name == b"authorization" and authorization is None:
@@ -618,9 +637,12 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> R
         await enforce(gateway, verdict)
         verdict = None
     try:
-        raw = await read_body(receive, limit)
         if raw is None:
-            return None
+            raw = await read_body(receive, limit)
+            if raw is None:
+                return None
+        elif len(raw) > limit:
+            raise too_large(limit)
         body = parse_body(raw)
         model, stream = check_request(body, gateway.max_tokens)
         route = await resolve(gateway, caller, model)

@@ -1,0 +1,286 @@
+"""`specdeck api`'s protocol answers the app's ``direct_route`` (the gateway's chat completions)
+past ASGI's per-request machinery (app/server.py). Each test sends the same raw bytes to two real
+uvicorn servers on ``HttpProtocol``: one whose app names the route, and one whose app does not
+(uvicorn's ASGI way), and compares what comes back, byte for byte but for the Date header: the
+direct way must write what uvicorn writes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from app.server import CLIENT_GONE, DirectRoute, HttpProtocol
+
+PATH = "/v1/chat/completions"
+
+
+def request(body: bytes, *, path: str = PATH, version: str = "1.1", extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/{version}\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"{extra}Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+class App:
+    """Answers by what the body asks: ``whole`` (JSON, with a header), ``stream`` (chunks),
+    ``boom`` (raises), ``gone`` (waits for the client to go, then None), ``bad-header``."""
+
+    def __init__(self, direct: bool) -> None:
+        self.ways: list[str] = []
+        self.bodies: list[bytes] = []
+        if direct:
+            self.direct_route = DirectRoute(PATH, self.answer)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # the ASGI way
+        self.ways.append("asgi")
+        response = await self.reply(scope, receive, None)
+        if response is not None:
+            await response(scope, receive, send)
+
+    async def answer(self, scope: Any, receive: Any, body: bytes | None) -> Any:
+        self.ways.append("direct")
+        return await self.reply(scope, receive, body)
+
+    async def reply(self, scope: Any, receive: Any, body: bytes | None) -> Any:
+        if body is None:
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+        self.bodies.append(body)
+        ask = json.loads(body)["ask"]
+        if ask == "whole":
+            return JSONResponse({"echo": len(body), "path": scope["path"],
+                                 "query": scope["query_string"].decode()},
+                                headers={"x-request": "1"})
+        if ask == "stream":
+            async def chunks() -> AsyncIterator[bytes]:
+                for i in range(3):
+                    yield b"data: %d\n\n" % i
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        if ask == "boom":
+            raise RuntimeError("the app failed")
+        if ask == "gone":
+            gone = asyncio.Event()
+            scope["extensions"][CLIENT_GONE].add(gone.set)
+            await gone.wait()
+            return None
+        if ask == "bad-header":
+            return Response(b"{}", headers={"x-bad": "a\nb"})
+        raise AssertionError(ask)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def serve(app: App, **config: Any) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    port = free_port()
+    # As `specdeck api` runs it (app/cli.py): no proxy headers middleware around the app, which
+    # would hide its direct route (the app applies them itself, past the route).
+    config = {"lifespan": "off", "log_level": "warning", "proxy_headers": False, **config}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=HttpProtocol,
+                                           **config))
+    task = asyncio.get_running_loop().create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    return server, task, port
+
+
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """One response: its head and its body (Content-Length or chunked)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = re.search(rb"\r\ncontent-length: (\d+)\r\n", head)
+    if length:
+        return head + await asyncio.wait_for(reader.readexactly(int(length[1])), 10)
+    assert b"\r\ntransfer-encoding: chunked\r\n" in head
+    return head + await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+
+
+def without_date(raw: bytes) -> bytes:
+    return re.sub(rb"date: [^\r]*\r\n", b"", raw)
+
+
+Exchange = Callable[[int], Awaitable[Any]]
+
+
+def both_ways(exchange: Exchange, **config: Any) -> tuple[Any, Any, App, App]:
+    """Run ``exchange(port)`` against the direct server, then the ASGI one."""
+    async def main() -> tuple[Any, Any, App, App]:
+        results, apps = [], []
+        for direct in (True, False):
+            app = App(direct)
+            server, serving, port = await serve(app, **config)
+            try:
+                results.append(await exchange(port))
+            finally:
+                server.should_exit = True
+                await serving
+            apps.append(app)
+        return results[0], results[1], apps[0], apps[1]
+
+    return asyncio.run(main())
+
+
+def test_whole_answers_on_a_keep_alive_connection_are_written_as_uvicorn_writes_them() -> None:
+    async def exchange(port: int) -> list[bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answers = []
+        for size in (2, 300, 70_000):  # the last one's body comes in several reads
+            writer.write(request(json.dumps({"ask": "whole", "pad": "x" * size}).encode()))
+            answers.append(without_date(await read_answer(reader)))
+        writer.close()
+        return answers
+
+    direct, asgi, direct_app, asgi_app = both_ways(exchange)
+    assert direct == asgi
+    assert direct[0].startswith(b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\nx-request: 1\r\n"
+                                b"content-length: 52\r\ncontent-type: application/json\r\n\r\n")
+    assert b"connection" not in direct[0]
+    assert json.loads(direct[2].split(b"\r\n\r\n", 1)[1])["echo"] == len(direct_app.bodies[2])
+    assert direct_app.ways == ["direct"] * 3 and asgi_app.ways == ["asgi"] * 3
+    assert direct_app.bodies == asgi_app.bodies
+
+
+@pytest.mark.parametrize("version, extra", [("1.0", ""), ("1.1", "Connection: close\r\n")])
+def test_a_connection_that_closes_is_told_so_and_closed(version: str, extra: str) -> None:
+    async def exchange(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "whole"}', version=version, extra=extra))
+        raw = await asyncio.wait_for(reader.read(), 10)  # to the end: the server closes
+        writer.close()
+        return without_date(raw)
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct == asgi
+    assert b"\r\nconnection: close\r\n" in direct and direct.endswith(b'"query":""}')
+    assert direct_app.ways == ["direct"]
+
+
+def test_a_stream_an_error_and_a_bad_header() -> None:
+    async def exchange(port: int) -> list[bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "stream"}'))
+        stream = without_date(await read_answer(reader))
+        writer.write(request(b'{"ask": "boom"}'))
+        boom = without_date(await asyncio.wait_for(reader.read(), 10))
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "bad-header"}'))
+        bad = without_date(await asyncio.wait_for(reader.read(), 10))
+        writer.close()
+        return [stream, boom, bad]
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct[0] == asgi[0]  # the stream: uvicorn's own send, chunked
+    assert direct[0].endswith(b"data: 2\n\n\r\n0\r\n\r\n")
+    assert direct[1] == asgi[1]  # uvicorn's 500, and the connection closed
+    assert direct[1].startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    # A header value with a line break: uvicorn has started the response when it checks it, and
+    # drops the connection; the direct way checks before, and answers uvicorn's 500.
+    assert asgi[2] == b""
+    assert direct[2].startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert b"x-bad" not in direct[2]
+    assert direct_app.ways == ["direct"] * 3
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    bodies = [json.dumps({"ask": "whole", "n": n}).encode() for n in (1, 22)]
+
+    async def exchange(port: int) -> list[bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(bodies[0]) + request(bodies[1]))
+        answers = [without_date(await read_answer(reader)) for _ in range(2)]
+        writer.close()
+        return answers
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct == asgi
+    assert [json.loads(a.split(b"\r\n\r\n", 1)[1])["echo"] for a in direct] == [
+        len(b) for b in bodies]
+    # The second arrived while the first was answered: it waited, and went the ASGI way.
+    assert direct_app.ways == ["direct", "asgi"]
+
+
+def test_a_body_that_comes_after_its_head_is_read_with_receive() -> None:
+    body = b'{"ask": "whole", "late": true}'
+
+    async def exchange(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        raw = request(body)
+        writer.write(raw[:-len(body)])
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the head alone reaches the server, and its task starts
+        writer.write(body)
+        answer = without_date(await read_answer(reader))
+        writer.close()
+        return answer
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct == asgi
+    assert direct_app.ways == ["direct"] and direct_app.bodies == [body]
+
+
+@pytest.mark.parametrize("path, extra", [(PATH + "?x=1", ""),
+                                         (PATH, "Expect: 100-continue\r\n")])
+def test_a_query_string_or_an_expectation_goes_the_asgi_way(path: str, extra: str) -> None:
+    async def exchange(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "whole"}', path=path, extra=extra))
+        answer = await asyncio.wait_for(reader.readuntil(b"}"), 10)
+        writer.close()
+        return without_date(answer)
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct == asgi
+    assert direct_app.ways == ["asgi"]
+
+
+def test_a_client_that_goes_away_gets_nothing_and_the_server_serves_on() -> None:
+    async def exchange(port: int) -> bytes:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "gone"}'))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        await asyncio.sleep(0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "whole"}'))
+        answer = await read_answer(reader)
+        writer.close()
+        return without_date(answer)
+
+    direct, asgi, direct_app, asgi_app = both_ways(exchange)
+    assert direct == asgi and direct.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert direct_app.ways == ["direct", "direct"] and asgi_app.ways == ["asgi", "asgi"]
+
+
+def test_the_access_log_reads_the_same(caplog: pytest.LogCaptureFixture) -> None:
+    async def exchange(port: int) -> list[str]:
+        access = logging.getLogger("uvicorn.access")
+        handler = logging.Handler()
+        lines: list[str] = []
+        handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+        access.addHandler(handler)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request(b'{"ask": "whole"}'))
+            await read_answer(reader)
+            writer.close()
+        finally:
+            access.removeHandler(handler)
+        return [re.sub(r":\d+ - ", ":PORT - ", line) for line in lines]
+
+    direct, asgi, _, _ = both_ways(exchange, access_log=True, log_level="info")
+    assert direct == asgi == ['127.0.0.1:PORT - "POST /v1/chat/completions HTTP/1.1" 200']
