@@ -7,6 +7,11 @@ the same machine.
 
     BARE_PROXY_UPSTREAM=http://127.0.0.1:PORT/v1/chat/completions BARE_PROXY_KEY=KEY \\
         .venv/bin/python -m uvicorn benchmarks.bare_proxy:app --loop uvloop --http httptools
+
+The app also names ``POST /v1/chat/completions`` as its direct route (``app.server``): served
+with ``--http app.server:HttpProtocol --no-proxy-headers`` (as `specdeck api` serves the
+gateway), the same forwarding is answered past ASGI's per-request machinery
+(benchmarks/proxy_floor.py's "bare-direct").
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from starlette.responses import Response
+
+from app.server import DirectRoute
 from app.services.upstream import UpstreamClient
 
 URL = os.environ.get("BARE_PROXY_UPSTREAM", "")
@@ -34,20 +42,38 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
         return
-    if not _client:
-        _client.append(UpstreamClient(connect_timeout=5, read_timeout=60, max_connections=100))
+    status, content_type, answer = await forward(await read_body(receive))
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()),
+                            (b"content-length", b"%d" % len(answer))]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def read_body(receive: Any) -> bytes:
     body = b""
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
-            break
+            return body
+
+
+async def forward(body: bytes) -> tuple[int, str, bytes]:
+    """The upstream's status, content type and body."""
+    if not _client:
+        _client.append(UpstreamClient(connect_timeout=5, read_timeout=60, max_connections=100))
     response = await _client[0].send(URL, HEADERS, body, {}, "bare")
     try:
         answer = await response.read()
     finally:
         response.close()
-    await send({"type": "http.response.start", "status": response.status,
-                "headers": [(b"content-type", response.headers.get("content-type", "").encode()),
-                            (b"content-length", b"%d" % len(answer))]})
-    await send({"type": "http.response.body", "body": answer})
+    return response.status, response.headers.get("content-type", ""), answer
+
+
+async def answer_directly(scope: dict[str, Any], receive: Any, body: bytes | None) -> Response:
+    status, content_type, answer = await forward(body if body is not None
+                                                 else await read_body(receive))
+    return Response(answer, status_code=status, media_type=content_type)
+
+
+app.direct_route = DirectRoute("/v1/chat/completions", answer_directly)  # type: ignore[attr-defined]
