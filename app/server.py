@@ -152,8 +152,11 @@ def write_whole(cycle: RequestResponseCycle, response: Response) -> None:
         cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope),
                                  cycle.scope["method"], get_path_with_query_string(cycle.scope),
                                  cycle.scope["http_version"], status)
-    content, length, close = [STATUS_LINE[status]], False, False
-    for name, value in (*cycle.default_headers, *response.raw_headers):
+    content = [STATUS_LINE[status]]
+    for name, value in cycle.default_headers:  # uvicorn's own (server, date)
+        content += (name, b": ", value, b"\r\n")
+    length = close = False
+    for name, value in response.raw_headers:
         if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
             raise RuntimeError("Invalid HTTP header.")
         if name == b"content-length":
