@@ -30,11 +30,13 @@ def request(body: bytes, *, path: str = PATH, version: str = "1.1", extra: str =
 
 class App:
     """Answers by what the body asks: ``whole`` (JSON, with a header), ``stream`` (chunks),
-    ``boom`` (raises), ``gone`` (waits for the client to go, then None), ``bad-header``."""
+    ``boom`` (raises), ``gone`` (waits for the client to go, then None), ``bad-header``,
+    ``held`` (whole, once ``release`` is set; ``holding`` is set while it waits)."""
 
     def __init__(self, direct: bool) -> None:
         self.ways: list[str] = []
         self.bodies: list[bytes] = []
+        self.holding, self.release = asyncio.Event(), asyncio.Event()
         if direct:
             self.direct_route = DirectRoute(PATH, self.answer)
 
@@ -58,6 +60,10 @@ class App:
                     break
         self.bodies.append(body)
         ask = json.loads(body)["ask"]
+        if ask == "held":
+            self.holding.set()
+            await self.release.wait()
+            ask = "whole"
         if ask == "whole":
             return JSONResponse({"echo": len(body), "path": scope["path"],
                                  "query": scope["query_string"].decode()},
@@ -72,6 +78,7 @@ class App:
         if ask == "gone":
             gone = asyncio.Event()
             scope["extensions"][CLIENT_GONE].add(gone.set)
+            self.holding.set()
             await gone.wait()
             return None
         if ask == "bad-header":
@@ -112,21 +119,21 @@ def without_date(raw: bytes) -> bytes:
     return re.sub(rb"date: [^\r]*\r\n", b"", raw)
 
 
-Exchange = Callable[[int], Awaitable[Any]]
+Exchange = Callable[[int, App, uvicorn.Server], Awaitable[Any]]
 
 
 def both_ways(exchange: Exchange, **config: Any) -> tuple[Any, Any, App, App]:
-    """Run ``exchange(port)`` against the direct server, then the ASGI one."""
+    """Run ``exchange(port, app, server)`` against the direct server, then the ASGI one."""
     async def main() -> tuple[Any, Any, App, App]:
         results, apps = [], []
         for direct in (True, False):
             app = App(direct)
             server, serving, port = await serve(app, **config)
             try:
-                results.append(await exchange(port))
+                results.append(await exchange(port, app, server))
             finally:
                 server.should_exit = True
-                await serving
+                await asyncio.wait_for(serving, 30)
             apps.append(app)
         return results[0], results[1], apps[0], apps[1]
 
@@ -134,7 +141,7 @@ def both_ways(exchange: Exchange, **config: Any) -> tuple[Any, Any, App, App]:
 
 
 def test_whole_answers_on_a_keep_alive_connection_are_written_as_uvicorn_writes_them() -> None:
-    async def exchange(port: int) -> list[bytes]:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> list[bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         answers = []
         for size in (2, 300, 70_000):  # the last one's body comes in several reads
@@ -155,7 +162,7 @@ def test_whole_answers_on_a_keep_alive_connection_are_written_as_uvicorn_writes_
 
 @pytest.mark.parametrize("version, extra", [("1.0", ""), ("1.1", "Connection: close\r\n")])
 def test_a_connection_that_closes_is_told_so_and_closed(version: str, extra: str) -> None:
-    async def exchange(port: int) -> bytes:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request(b'{"ask": "whole"}', version=version, extra=extra))
         raw = await asyncio.wait_for(reader.read(), 10)  # to the end: the server closes
@@ -169,7 +176,7 @@ def test_a_connection_that_closes_is_told_so_and_closed(version: str, extra: str
 
 
 def test_a_stream_an_error_and_a_bad_header() -> None:
-    async def exchange(port: int) -> list[bytes]:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> list[bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request(b'{"ask": "stream"}'))
         stream = without_date(await read_answer(reader))
@@ -198,7 +205,7 @@ def test_a_stream_an_error_and_a_bad_header() -> None:
 def test_pipelined_requests_are_answered_in_order() -> None:
     bodies = [json.dumps({"ask": "whole", "n": n}).encode() for n in (1, 22)]
 
-    async def exchange(port: int) -> list[bytes]:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> list[bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request(bodies[0]) + request(bodies[1]))
         answers = [without_date(await read_answer(reader)) for _ in range(2)]
@@ -216,7 +223,7 @@ def test_pipelined_requests_are_answered_in_order() -> None:
 def test_a_body_that_comes_after_its_head_is_read_with_receive() -> None:
     body = b'{"ask": "whole", "late": true}'
 
-    async def exchange(port: int) -> bytes:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         raw = request(body)
         writer.write(raw[:-len(body)])
@@ -235,7 +242,7 @@ def test_a_body_that_comes_after_its_head_is_read_with_receive() -> None:
 @pytest.mark.parametrize("path, extra", [(PATH + "?x=1", ""),
                                          (PATH, "Expect: 100-continue\r\n")])
 def test_a_query_string_or_an_expectation_goes_the_asgi_way(path: str, extra: str) -> None:
-    async def exchange(port: int) -> bytes:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request(b'{"ask": "whole"}', path=path, extra=extra))
         answer = await asyncio.wait_for(reader.readuntil(b"}"), 10)
@@ -248,11 +255,10 @@ def test_a_query_string_or_an_expectation_goes_the_asgi_way(path: str, extra: st
 
 
 def test_a_client_that_goes_away_gets_nothing_and_the_server_serves_on() -> None:
-    async def exchange(port: int) -> bytes:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> bytes:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request(b'{"ask": "gone"}'))
-        await writer.drain()
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(app.holding.wait(), 10)  # the app waits for the client to go
         writer.close()
         await asyncio.sleep(0.2)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -267,7 +273,7 @@ def test_a_client_that_goes_away_gets_nothing_and_the_server_serves_on() -> None
 
 
 def test_the_access_log_reads_the_same(caplog: pytest.LogCaptureFixture) -> None:
-    async def exchange(port: int) -> list[str]:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> list[str]:
         access = logging.getLogger("uvicorn.access")
         handler = logging.Handler()
         lines: list[str] = []
@@ -284,3 +290,24 @@ def test_the_access_log_reads_the_same(caplog: pytest.LogCaptureFixture) -> None
 
     direct, asgi, _, _ = both_ways(exchange, access_log=True, log_level="info")
     assert direct == asgi == ['127.0.0.1:PORT - "POST /v1/chat/completions HTTP/1.1" 200']
+
+
+def test_a_graceful_shutdown_lets_the_answer_go_then_closes_the_connection() -> None:
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(b'{"ask": "held"}'))
+        await asyncio.wait_for(app.holding.wait(), 10)
+        server.should_exit = True  # as SIGTERM does: the request in flight is answered
+        for _ in range(1000):  # until the server has told the connection to close after it
+            if all(not c.cycle.keep_alive for c in server.server_state.connections):
+                break
+            await asyncio.sleep(0.01)
+        app.release.set()
+        raw = await asyncio.wait_for(reader.read(), 10)  # to the end: the server closes
+        writer.close()
+        return without_date(raw)
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct == asgi
+    assert direct.startswith(b"HTTP/1.1 200 OK\r\n") and b"\r\nconnection: close\r\n" in direct
+    assert direct_app.ways == ["direct"]
