@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import re
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import uvicorn
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from app.server import CLIENT_GONE, DirectRoute, HttpProtocol
+from tests.support.upstream import free_port
 
 PATH = "/v1/chat/completions"
 
@@ -84,12 +84,6 @@ class App:
         if ask == "bad-header":
             return Response(b"{}", headers={"x-bad": "a\nb"})
         raise AssertionError(ask)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def serve(app: App, **config: Any) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
