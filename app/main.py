@@ -50,7 +50,8 @@ def create_server() -> openai.GatewayFastPath:
     its middleware (``GatewayFastPath``; uvicorn runs it with ``proxy_headers=False``, and the
     fast path applies uvicorn's proxy headers middleware to every other request itself)."""
     return openai.GatewayFastPath(create_app(),
-                                  os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"))
+                                  os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
+                                  access_log=get_settings().gateway_access_log)
 
 
 @cache

@@ -61,10 +61,12 @@ class DirectRoute(NamedTuple):
     """A POST route that ``HttpProtocol`` answers directly: ``answer(scope, receive, body)``
     (``body``: the request's if it had all arrived when the task started, else None, and it is
     read with ``receive``) returns the response (a whole Starlette ``Response`` or an ASGI
-    app), or None when the client went away and nothing is to be sent."""
+    app), or None when the client went away and nothing is to be sent. ``access_log``: False
+    leaves its requests out of uvicorn's access log."""
 
     path: str
     answer: Answer
+    access_log: bool = True
 
 
 class HttpProtocol(HttpToolsProtocol):
@@ -108,7 +110,7 @@ class HttpProtocol(HttpToolsProtocol):
         scope["query_string"] = b""
         self.cycle = cycle = RequestResponseCycle(
             scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
-            access_logger=self.access_logger, access_log=self.access_log,
+            access_logger=self.access_logger, access_log=self.access_log and direct[1].access_log,
             default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
             expect_100_continue=False,
             keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),

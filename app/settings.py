@@ -154,6 +154,11 @@ class Settings(BaseSettings):
     gateway_rate_limit_burst: int = Field(default=100, ge=1)
     gateway_max_tokens: int = Field(default=4096, ge=1)
     gateway_usage_flush_seconds: float = Field(default=1.0, gt=0)
+    # uvicorn's access log line for each chat completion `specdeck api` answers (every other
+    # request is logged, unless --no-access-log): off by default, as vLLM's request log is.
+    # Each completion is counted in /metrics already (and, answered, in the usage rows), and
+    # the line added about 70 us to a request's latency (docs/benchmarks.md, "The access log").
+    gateway_access_log: bool = False
     # Traffic capture: sampled requests wait in a queue of at most this many per API process
     # (beyond: not captured, counted as dropped) and are written every this many seconds.
     gateway_capture_queue_rows: int = Field(default=10_000, ge=1)

@@ -527,15 +527,17 @@ class GatewayFastPath:
     middleware, trusting FORWARDED_ALLOW_IPS as uvicorn itself does (default 127.0.0.1).
 
     ``direct_route`` names the same route to `specdeck api`'s protocol, which answers it with
-    ``answer`` without ASGI's per-request machinery (``app.server.HttpProtocol``)."""
+    ``answer`` without ASGI's per-request machinery (``app.server.HttpProtocol``), and leaves it
+    out of the access log unless ``access_log`` (``SPECDECK_GATEWAY_ACCESS_LOG``)."""
 
-    def __init__(self, app: ASGIApp, forwarded_allow_ips: str = "127.0.0.1") -> None:
+    def __init__(self, app: ASGIApp, forwarded_allow_ips: str = "127.0.0.1",
+                 access_log: bool = False) -> None:
         self.app = app
         self.rest = ProxyHeadersMiddleware(app, trusted_hosts=forwarded_allow_ips)
         # The route above, for the metrics' label (what routing would have put in the scope).
         self.route = next(r for r in router.routes if getattr(r, "path", "") == CHAT_COMPLETIONS)
         self.metrics = BatchedRequestMetrics("POST", CHAT_COMPLETIONS)
-        self.direct_route = DirectRoute(CHAT_COMPLETIONS, self.answer)
+        self.direct_route = DirectRoute(CHAT_COMPLETIONS, self.answer, access_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -7,10 +7,11 @@ direct way must write what uvicorn writes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -266,24 +267,74 @@ def test_a_client_that_goes_away_gets_nothing_and_the_server_serves_on() -> None
     assert direct_app.ways == ["direct", "direct"] and asgi_app.ways == ["asgi", "asgi"]
 
 
-def test_the_access_log_reads_the_same(caplog: pytest.LogCaptureFixture) -> None:
+@contextlib.contextmanager
+def access_lines() -> Iterator[list[str]]:
+    """The lines uvicorn's access log writes meanwhile, the client's port as PORT."""
+    access = logging.getLogger("uvicorn.access")
+    handler = logging.Handler()
+    lines: list[str] = []
+    handler.emit = lambda record: lines.append(  # type: ignore[method-assign]
+        re.sub(r":\d+ - ", ":PORT - ", record.getMessage()))
+    access.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        access.removeHandler(handler)
+
+
+def test_the_access_log_reads_the_same() -> None:
     async def exchange(port: int, app: App, server: uvicorn.Server) -> list[str]:
-        access = logging.getLogger("uvicorn.access")
-        handler = logging.Handler()
-        lines: list[str] = []
-        handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-        access.addHandler(handler)
-        try:
+        with access_lines() as lines:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request(b'{"ask": "whole"}'))
             await read_answer(reader)
             writer.close()
-        finally:
-            access.removeHandler(handler)
-        return [re.sub(r":\d+ - ", ":PORT - ", line) for line in lines]
+        return lines
 
     direct, asgi, _, _ = both_ways(exchange, access_log=True, log_level="info")
     assert direct == asgi == ['127.0.0.1:PORT - "POST /v1/chat/completions HTTP/1.1" 200']
+
+
+def test_a_route_can_be_left_out_of_the_access_log() -> None:
+    async def main() -> list[str]:
+        app = App(direct=True)
+        app.direct_route = app.direct_route._replace(access_log=False)
+        server, serving, port = await serve(app, access_log=True, log_level="info")
+        try:
+            with access_lines() as lines:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                for ask in ("whole", "stream"):  # answered directly: not logged
+                    writer.write(request(json.dumps({"ask": ask}).encode()))
+                    await read_answer(reader)
+                writer.write(request(b'{"ask": "whole"}', path=PATH + "?x=1"))  # the ASGI way
+                await read_answer(reader)
+                writer.close()
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(serving, 30)
+        assert app.ways == ["direct", "direct", "asgi"]
+        return lines
+
+    assert asyncio.run(main()) == [
+        '127.0.0.1:PORT - "POST /v1/chat/completions?x=1 HTTP/1.1" 200']
+
+
+@pytest.mark.parametrize("setting, logged", [(None, False), ("true", True)])
+def test_the_gateways_completions_are_logged_only_when_asked(
+        monkeypatch: pytest.MonkeyPatch, setting: str | None, logged: bool) -> None:
+    from app.main import create_server
+    from app.settings import get_settings
+
+    if setting is None:
+        monkeypatch.delenv("SPECDECK_GATEWAY_ACCESS_LOG", raising=False)
+    else:
+        monkeypatch.setenv("SPECDECK_GATEWAY_ACCESS_LOG", setting)
+    get_settings.cache_clear()
+    try:
+        route = create_server().direct_route
+    finally:
+        get_settings.cache_clear()
+    assert route.path == PATH and route.access_log is logged
 
 
 def test_a_graceful_shutdown_lets_the_answer_go_then_closes_the_connection() -> None:
