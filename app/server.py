@@ -76,8 +76,8 @@ class HttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.client_gone: set[Callable[[], None]] = set()
         self.connection_state: dict[str, Any] = {}
-        route: DirectRoute | None = getattr(self.app, "direct_route", None)
-        self.direct = None if route is None else (route.path.encode("ascii"), route)
+        self.direct_route: DirectRoute | None = getattr(self.app, "direct_route", None)
+        self.direct_path = b"" if self.direct_route is None else self.direct_route.path.encode()
         super().connection_made(transport)
 
     def on_message_begin(self) -> None:
@@ -93,8 +93,8 @@ class HttpProtocol(HttpToolsProtocol):
             callback()
 
     def on_headers_complete(self) -> None:
-        direct = self.direct
-        if (direct is None or self.url != direct[0] or self.parser.get_method() != b"POST"
+        route = self.direct_route
+        if (route is None or self.url != self.direct_path or self.parser.get_method() != b"POST"
                 or self.expect_100_continue or self.limit_concurrency is not None
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.parser.should_upgrade()):
@@ -105,25 +105,25 @@ class HttpProtocol(HttpToolsProtocol):
         scope["method"] = "POST"
         if http_version != "1.1":
             scope["http_version"] = http_version
-        scope["path"] = self.root_path + direct[1].path
-        scope["raw_path"] = self.root_path.encode("ascii") + direct[0]
+        scope["path"] = self.root_path + route.path
+        scope["raw_path"] = self.root_path.encode("ascii") + self.direct_path
         scope["query_string"] = b""
         self.cycle = cycle = RequestResponseCycle(
             scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
-            access_logger=self.access_logger, access_log=self.access_log and direct[1].access_log,
+            access_logger=self.access_logger, access_log=self.access_log and route.access_log,
             default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
             expect_100_continue=False,
             keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
             on_response=self.on_response_complete)
-        task = self.loop.create_task(self.answer_directly(cycle, direct[1].answer))
+        task = self.loop.create_task(self.answer_directly(cycle, route.answer))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
     async def answer_directly(self, cycle: RequestResponseCycle, answer: Answer) -> None:
         async def respond(scope: Scope, receive: Receive, send: Any) -> None:
-            body = None  # still coming: read with receive()
-            if not cycle.more_body:  # the common case: it came with the head; taken as
-                body, cycle.body = bytes(cycle.body), bytearray()  # receive() takes it
+            body = None  # still coming: the app reads it with receive()
+            if not cycle.more_body:  # the common case: it all came with the head. Taken here
+                body, cycle.body = bytes(cycle.body), bytearray()  # as receive() takes it
                 cycle.message_event.clear()
             response = await answer(scope, receive, body)
             if response is None:

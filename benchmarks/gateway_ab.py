@@ -74,6 +74,18 @@ def start_api(procs: Processes, name: str, env: dict[str, str]) -> tuple[int, in
     return port, proc.proc.pid
 
 
+def prepare(cpu: int | None) -> float:
+    """Before a run: SIGTERM exits through the clean-ups, every process started from here on
+    runs on ``cpu`` (if given), asyncio runs on uvloop; returns the load average before."""
+    exit_on_sigterm()
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})  # inherited by every process started below
+    import uvloop
+
+    uvloop.install()
+    return load()
+
+
 def calls_per_target(requests: int, warmup: int, block: int) -> int:
     """What ``bench.measure_latency`` sends each target: both kinds, warm-up and skipped."""
     return 2 * (warmup + requests + 3 * -(-requests // block))
@@ -141,13 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", action="store_true",
                         help="also a deployment with two replicas (and direct-2r)")
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})  # inherited by every process started below
-    import uvloop
-
-    uvloop.install()
-    load_before = load()
+    load_before = prepare(args.cpu)
     with tempfile.TemporaryDirectory(prefix="specdeck-bench-ab-") as tmp_name, \
             postgres_database("specdeck_bench_ab") as database_url, \
             Processes(Path(tmp_name)) as procs:

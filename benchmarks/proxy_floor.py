@@ -46,7 +46,6 @@ from _stack import (  # noqa: E402
     HOST,
     Processes,
     base_env,
-    exit_on_sigterm,
     free_port,
     load,
     machine,
@@ -54,7 +53,7 @@ from _stack import (  # noqa: E402
     postgres_database,
     table,
 )
-from gateway_ab import start_api  # noqa: E402
+from gateway_ab import calls_per_target, prepare, start_api  # noqa: E402
 
 KIND = bench.KINDS[0]  # non-streaming
 
@@ -147,7 +146,7 @@ async def one_round(targets: list[bench.Target], requests: int
     pids = {t.name: t.pid for t in targets if t.name not in ("direct", "socat")}
     before = {name: bench.cpu_seconds(pid) for name, pid in pids.items()}
     latency = await bench.measure_latency(targets, requests, 20, 50)
-    calls = 2 * (20 + requests + 3 * -(-requests // 50))  # both kinds, warm-up and skipped
+    calls = calls_per_target(requests, 20, 50)
     cpu = {name: (bench.cpu_seconds(pid) - before[name]) / calls for name, pid in pids.items()}
     return ({t.name: (percentile(latency[t.name].samples[KIND], 50),
                       percentile(latency[t.name].samples[KIND], 99)) for t in targets}, cpu)
@@ -194,13 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.raw_proxy:
         raw_proxy(int(args.raw_proxy[0]), args.raw_proxy[1], os.environ["BARE_PROXY_KEY"])
         return
-    exit_on_sigterm()
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})  # inherited by every process started below
-    import uvloop
-
-    uvloop.install()
-    load_before = load()
+    load_before = prepare(args.cpu)
     with tempfile.TemporaryDirectory(prefix="specdeck-bench-floor-") as tmp_name, \
             postgres_database("specdeck_bench_floor") as database_url, \
             Processes(Path(tmp_name)) as procs:

@@ -32,23 +32,29 @@ def request(body: bytes, *, path: str = PATH, version: str = "1.1", extra: str =
 class App:
     """Answers by what the body asks: ``whole`` (JSON, with a header), ``stream`` (chunks),
     ``boom`` (raises), ``gone`` (waits for the client to go, then None), ``bad-header``,
-    ``held`` (whole, once ``release`` is set; ``holding`` is set while it waits)."""
+    ``held`` (whole, once ``release`` is set; ``holding`` is set while it waits). ``called``:
+    set when a request reaches it; ``given``: whether the direct way handed it each body."""
 
     def __init__(self, direct: bool) -> None:
         self.ways: list[str] = []
         self.bodies: list[bytes] = []
-        self.holding, self.release = asyncio.Event(), asyncio.Event()
+        self.given: list[bool] = []
+        self.called, self.holding, self.release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.gone = asyncio.Event()
         if direct:
             self.direct_route = DirectRoute(PATH, self.answer)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # the ASGI way
         self.ways.append("asgi")
+        self.called.set()
         response = await self.reply(scope, receive, None)
         if response is not None:
             await response(scope, receive, send)
 
     async def answer(self, scope: Any, receive: Any, body: bytes | None) -> Any:
         self.ways.append("direct")
+        self.given.append(body is not None)
+        self.called.set()
         return await self.reply(scope, receive, body)
 
     async def reply(self, scope: Any, receive: Any, body: bytes | None) -> Any:
@@ -77,10 +83,9 @@ class App:
         if ask == "boom":
             raise RuntimeError("the app failed")
         if ask == "gone":
-            gone = asyncio.Event()
-            scope["extensions"][CLIENT_GONE].add(gone.set)
+            scope["extensions"][CLIENT_GONE].add(self.gone.set)
             self.holding.set()
-            await gone.wait()
+            await self.gone.wait()
             return None
         if ask == "bad-header":
             return Response(b"{}", headers={"x-bad": "a\nb"})
@@ -152,6 +157,7 @@ def test_whole_answers_on_a_keep_alive_connection_are_written_as_uvicorn_writes_
     assert b"connection" not in direct[0]
     assert json.loads(direct[2].split(b"\r\n\r\n", 1)[1])["echo"] == len(direct_app.bodies[2])
     assert direct_app.ways == ["direct"] * 3 and asgi_app.ways == ["asgi"] * 3
+    assert direct_app.given[:2] == [True, True]  # each body came with its head: handed in
     assert direct_app.bodies == asgi_app.bodies
 
 
@@ -222,8 +228,7 @@ def test_a_body_that_comes_after_its_head_is_read_with_receive() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         raw = request(body)
         writer.write(raw[:-len(body)])
-        await writer.drain()
-        await asyncio.sleep(0.2)  # the head alone reaches the server, and its task starts
+        await asyncio.wait_for(app.called.wait(), 10)  # the head alone reached the app
         writer.write(body)
         answer = without_date(await read_answer(reader))
         writer.close()
@@ -232,6 +237,7 @@ def test_a_body_that_comes_after_its_head_is_read_with_receive() -> None:
     direct, asgi, direct_app, _ = both_ways(exchange)
     assert direct == asgi
     assert direct_app.ways == ["direct"] and direct_app.bodies == [body]
+    assert direct_app.given == [False]  # not handed in: read with receive()
 
 
 @pytest.mark.parametrize("path, extra", [(PATH + "?x=1", ""),
@@ -255,7 +261,7 @@ def test_a_client_that_goes_away_gets_nothing_and_the_server_serves_on() -> None
         writer.write(request(b'{"ask": "gone"}'))
         await asyncio.wait_for(app.holding.wait(), 10)  # the app waits for the client to go
         writer.close()
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(app.gone.wait(), 10)  # the server told it
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request(b'{"ask": "whole"}'))
         answer = await read_answer(reader)
