@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from functools import cache
@@ -48,10 +49,18 @@ def create_app() -> FastAPI:
 def create_server() -> openai.GatewayFastPath:
     """What `specdeck api` serves: the app, with the gateway's chat completions served ahead of
     its middleware (``GatewayFastPath``; uvicorn runs it with ``proxy_headers=False``, and the
-    fast path applies uvicorn's proxy headers middleware to every other request itself)."""
-    return openai.GatewayFastPath(create_app(),
-                                  os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
-                                  access_log=get_settings().gateway_access_log)
+    fast path applies uvicorn's proxy headers middleware to every other request itself).
+
+    What is alive once the app is made (modules, routes, schemas: some 150,000 objects, most of
+    the heap) lives as long as the process, and is frozen: Python's full collections, which come
+    every few thousand requests, no longer walk it. Each held the event loop about 70 ms
+    (docs/benchmarks.md, "Full collections")."""
+    server = openai.GatewayFastPath(create_app(),
+                                    os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
+                                    access_log=get_settings().gateway_access_log)
+    gc.collect()  # the garbage of the imports goes first: nothing frozen is ever freed
+    gc.freeze()
+    return server
 
 
 @cache
