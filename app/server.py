@@ -19,17 +19,20 @@ again: docs/benchmarks.md, "Pinned to one CPU").
 
 **A route answered directly** (``DirectRoute``: the gateway's chat completions). An app may
 name one POST route in its ``direct_route`` attribute. A request to it, its URL exactly the
-route's path, is answered by ``DirectRoute.answer`` in a task of its own,
-without uvicorn's ASGI wrapper, the parsing of its URL, and the two ASGI messages of a response
-(each checked and written on its own): a Starlette ``Response`` whose body is whole (its class
-keeps ``Response.__call__``) goes out in one write, status line, headers and body; any other
-answer (a stream) is an ASGI app, run with uvicorn's ``receive`` and ``send``. Everything else
-about the connection stays uvicorn's: the request's body and flow control, keep-alive,
+route's path, is collected by the protocol (``DirectCycle``, in the place of uvicorn's cycle)
+and, once its body is whole, answered by ``DirectRoute.answer`` in a task of its own, without
+uvicorn's cycle, its ASGI wrapper, the parsing of its URL, and the two ASGI messages of a
+response (each checked and written on its own): a Starlette ``Response`` whose body is whole
+(its class keeps ``Response.__call__``) goes out in one write, status line, headers and body.
+Any other answer (a stream), an exception, or a body that grows past uvicorn's high-water mark
+before it is whole gets uvicorn's own cycle then, with its ``receive`` and ``send``, flow control
+and error handling. Everything else about the connection stays uvicorn's: keep-alive,
 pipelining (a request that arrives while another is answered waits, on the ASGI way), a client
 that goes away, a graceful shutdown, the access log. A request with ``Expect: 100-continue``, a
 query string, or a concurrency limit set goes the ASGI way, to the same app. That way cost about
-28 us of CPU a request more, pinned to one CPU, and twice that on both (docs/benchmarks.md,
-"The ASGI layer").
+28 us of CPU a request more, pinned to one CPU, on an Intel VM, and uvicorn's cycle 13 us more
+than a ``DirectCycle`` on an AMD one (docs/benchmarks.md, "The ASGI layer", "A lighter
+cycle").
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any, NamedTuple
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -59,8 +63,8 @@ Answer = Callable[[Scope, Receive, bytes | None], Awaitable[Response | ASGIApp |
 
 class DirectRoute(NamedTuple):
     """A POST route that ``HttpProtocol`` answers directly: ``answer(scope, receive, body)``
-    (``body``: the request's if it had all arrived when the task started, else None, and it is
-    read with ``receive``) returns the response (a whole Starlette ``Response`` or an ASGI
+    (``body``: the request's, whole, or None when it was too large to hold and is read with
+    ``receive``) returns the response (a whole Starlette ``Response`` or an ASGI
     app), or None when the client went away and nothing is to be sent. ``access_log``: False
     leaves its requests out of uvicorn's access log."""
 
@@ -108,43 +112,133 @@ class HttpProtocol(HttpToolsProtocol):
         scope["path"] = self.root_path + route.path
         scope["raw_path"] = self.root_path.encode("ascii") + self.direct_path
         scope["query_string"] = b""
-        self.cycle = cycle = RequestResponseCycle(
-            scope=scope, transport=self.transport, flow=self.flow, logger=self.logger,
-            access_logger=self.access_logger, access_log=self.access_log and route.access_log,
-            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
-            expect_100_continue=False,
-            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
-            on_response=self.on_response_complete)
-        task = self.loop.create_task(self.answer_directly(cycle, route.answer))
+        self.cycle = DirectCycle(
+            scope, self, self.access_log and route.access_log,
+            keep_alive=http_version != "1.0" and self.parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        request = self.cycle
+        if type(request) is not DirectCycle:
+            super().on_body(body)
+            return
+        request.body += body
+        if len(request.body) > HIGH_WATER_LIMIT:  # a large body: read as it comes, with
+            cycle = self.uvicorn_cycle(request)   # uvicorn's flow control
+            cycle.body, cycle.more_body = bytearray(request.body), True
+            cycle.message_event.set()
+            self.flow.pause_reading()
+            self.start(self.answer_directly(cycle, self.direct_route.answer))  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        request = self.cycle
+        if type(request) is not DirectCycle:
+            super().on_message_complete()
+            return
+        self.start(self.answer_whole(request, self.direct_route.answer))  # type: ignore[union-attr]
+
+    def start(self, answering: Awaitable[None]) -> None:
+        task = self.loop.create_task(answering)  # type: ignore[arg-type]
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    async def answer_directly(self, cycle: RequestResponseCycle, answer: Answer) -> None:
-        async def respond(scope: Scope, receive: Receive, send: Any) -> None:
-            body = None  # still coming: the app reads it with receive()
-            if not cycle.more_body:  # the common case: it all came with the head. Taken here
-                body, cycle.body = bytes(cycle.body), bytearray()  # as receive() takes it
-                cycle.message_event.clear()
-            response = await answer(scope, receive, body)
-            if response is None:
+    async def answer_whole(self, request: DirectCycle, answer: Answer) -> None:
+        """Answer a request whose body came whole. A whole answer is written here; anything
+        else (a stream, an exception, no answer) is left to uvicorn's cycle, made now, which
+        sends it, or logs the error and answers 500, as for any request."""
+        try:
+            response = await answer(request.scope, request.receive, bytes(request.body))
+            if is_whole(response):
+                write_whole(request, response)
                 return
+        except BaseException as exc:
+            response = raising(exc)
+        await self.uvicorn_cycle(request).run_asgi(response or answered_nothing)
+
+    async def answer_directly(self, cycle: RequestResponseCycle, answer: Answer) -> None:
+        """Answer a request whose body is read as it comes (with ``receive``)."""
+        async def respond(scope: Scope, receive: Receive, send: Any) -> None:
+            response = await answer(scope, receive, None)
             if is_whole(response):
                 write_whole(cycle, response)
-                if response.background is not None:
-                    await response.background()
-            else:
+            elif response is not None:
                 await response(scope, receive, send)
 
         await cycle.run_asgi(respond)  # its handling of errors and of an answer never sent
 
+    def uvicorn_cycle(self, request: DirectCycle) -> RequestResponseCycle:
+        """uvicorn's own cycle for ``request``, in its place: the body is taken."""
+        cycle = RequestResponseCycle(
+            scope=request.scope, transport=self.transport, flow=self.flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=request.access_log,
+            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+            expect_100_continue=False, keep_alive=request.keep_alive,
+            on_response=self.on_response_complete)
+        cycle.more_body, cycle.disconnected = False, request.disconnected
+        if self.cycle is request:
+            self.cycle = cycle
+        return cycle
+
+
+class DirectCycle:
+    """A request to the direct route while its body comes and its whole answer is made, in the
+    protocol's ``cycle`` in place of uvicorn's: what uvicorn's protocol reads and sets of a cycle
+    (``response_complete`` for pipelining, ``disconnected`` and ``message_event`` when the
+    connection is lost, ``keep_alive`` at a graceful shutdown) and what ``write_whole`` needs, in
+    slots, without uvicorn's per-request machinery (its cycle, an ``asyncio.Event``, the ASGI
+    wrapper): 13-14 us of a request's way, pinned (docs/benchmarks.md, "A lighter cycle")."""
+
+    __slots__ = ("scope", "transport", "access_log", "access_logger", "default_headers",
+                 "on_response", "keep_alive", "body", "disconnected", "response_started",
+                 "response_complete", "message_event")
+
+    def __init__(self, scope: Scope, protocol: HttpProtocol, access_log: bool,
+                 keep_alive: bool) -> None:
+        self.scope, self.transport = scope, protocol.transport
+        self.access_log, self.access_logger = access_log, protocol.access_logger
+        self.default_headers = protocol.server_state.default_headers
+        self.on_response, self.keep_alive = protocol.on_response_complete, keep_alive
+        self.body = b""
+        self.disconnected = self.response_started = self.response_complete = False
+        self.message_event: Any = UNWATCHED
+
+    async def receive(self) -> dict[str, Any]:
+        """ASGI's ``receive`` once the body is taken: the client's going away."""
+        if not self.disconnected and not self.response_complete:
+            self.message_event = asyncio.Event()  # set by uvicorn when the connection is lost
+            await self.message_event.wait()
+        return {"type": "http.disconnect"}
+
+
+class _Unwatched:
+    """A direct request's ``message_event`` until ``receive`` waits on one."""
+
+    def set(self) -> None:
+        pass
+
+
+UNWATCHED = _Unwatched()
+
+
+def raising(exc: BaseException) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Any) -> None:
+        raise exc
+
+    return app
+
+
+async def answered_nothing(scope: Scope, receive: Receive, send: Any) -> None:
+    """An answer of None: the client went away (or the app failed to answer: uvicorn's 500)."""
+
 
 def is_whole(response: Any) -> bool:
-    """A Starlette ``Response`` that sends its body in one message, with a body to send."""
+    """A Starlette ``Response`` that sends its body in one message, with a body to send and
+    nothing to run after it."""
     return (isinstance(response, Response) and type(response).__call__ is Response.__call__
-            and 200 <= response.status_code and response.status_code not in (204, 304))
+            and 200 <= response.status_code and response.status_code not in (204, 304)
+            and response.background is None)
 
 
-def write_whole(cycle: RequestResponseCycle, response: Response) -> None:
+def write_whole(cycle: RequestResponseCycle | DirectCycle, response: Response) -> None:
     """What uvicorn's ``cycle.send`` does with a response's start and its one body message, in
     one write."""
     if cycle.disconnected:
