@@ -77,7 +77,7 @@ from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
 from app.services.limits import EARLY_REFUSED, Verdict
-from app.server import CONNECTION, DirectRoute
+from app.server import CONNECTION, DirectRoute, JSONBody
 from app.services.gateway import (
     Caller,
     ClientWatch,
@@ -725,7 +725,7 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
     if route.sample():
         gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
                                             messages, body, False))
-    return Response(body, media_type=_JSON)
+    return JSONBody(body)
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,

@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from app.server import CLIENT_GONE, DirectRoute, HttpProtocol
+from app.server import CLIENT_GONE, DirectRoute, HttpProtocol, JSONBody
 from tests.support.upstream import free_port
 
 PATH = "/v1/chat/completions"
@@ -88,6 +88,8 @@ class App:
             self.holding.set()
             await self.gone.wait()
             return None
+        if ask == "json":
+            return JSONBody(body)
         if ask == "bad-header":
             return Response(b"{}", headers={"x-bad": "a\nb"})
         raise AssertionError(ask)
@@ -160,6 +162,25 @@ def test_whole_answers_on_a_keep_alive_connection_are_written_as_uvicorn_writes_
     assert direct_app.ways == ["direct"] * 3 and asgi_app.ways == ["asgi"] * 3
     assert direct_app.given[:2] == [True, True]  # each body came with its head: handed in
     assert direct_app.bodies == asgi_app.bodies
+
+
+def test_a_json_body_is_written_as_starlettes_response_of_it() -> None:
+    body = b'{"ask": "json", "text": "caf\xc3\xa9"}'
+    lean, starlette = JSONBody(body), Response(body, media_type="application/json")
+    assert (lean.status_code, lean.raw_headers, lean.body, lean.background) == (
+        starlette.status_code, starlette.raw_headers, starlette.body, starlette.background)
+
+    async def exchange(port: int, app: App, server: uvicorn.Server) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request(body))
+        answer = without_date(await read_answer(reader))
+        writer.close()
+        return answer
+
+    direct, asgi, direct_app, _ = both_ways(exchange)
+    assert direct == asgi == (b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-length: %d\r\n"
+                              b"content-type: application/json\r\n\r\n%s" % (len(body), body))
+    assert direct_app.ways == ["direct"]
 
 
 @pytest.mark.parametrize("version, extra", [("1.0", ""), ("1.1", "Connection: close\r\n")])
