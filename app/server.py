@@ -233,8 +233,8 @@ async def answered_nothing(scope: Scope, receive: Receive, send: Any) -> None:
 class JSONBody(Response):
     """A whole JSON answer, its bytes as they are: ``Response(body,
     media_type="application/json")``, made without Starlette's general ``__init__``, its two
-    headers known to ``write_whole`` (nothing in them to check). About 4 us of a request's way,
-    cold, for the gateway's every completion (docs/benchmarks.md, "A lighter cycle")."""
+    headers known to ``write_whole`` (nothing in them to check): 6-7 us off each of the gateway's
+    completions, pinned (docs/benchmarks.md, "A lighter cycle")."""
 
     media_type = "application/json"
 
