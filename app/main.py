@@ -54,7 +54,7 @@ def create_server() -> openai.GatewayFastPath:
     What is alive once the app is made (modules, routes, schemas: some 150,000 objects, most of
     the heap) lives as long as the process, and is frozen: Python's full collections, which come
     every few thousand requests, no longer walk it. Each held the event loop about 70 ms
-    (docs/benchmarks.md, "Full collections")."""
+    (docs/benchmarks.md, "Another machine, step by step, and full collections")."""
     server = openai.GatewayFastPath(create_app(),
                                     os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
                                     access_log=get_settings().gateway_access_log)
