@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.waiting import wait_for
-from workers.supervisor import JOB_ENV, Group, reap
+from workers.supervisor import JOB_ENV, Group, belongs_to, reap
 
 # Stands in for a preloader: holds a pipe's write end until it is stopped.
 HOLDER = "import time; time.sleep(600)"
@@ -30,6 +30,12 @@ def groups() -> Iterator[tuple[subprocess.Popen, subprocess.Popen]]:
                               start_new_session=True)
     os.close(read)
     os.close(write)
+    # Popen returns once a child's exec has begun, but the kernel sets up the new program's
+    # environment (what /proc/<pid>/environ reads, and reap checks) a moment later: on a loaded
+    # machine reap could read it empty (the waiter once went unreported in a clean-clone run).
+    for proc in (holder, waiter):
+        assert wait_for(lambda: belongs_to(proc.pid, "job_reaped"), 10,  # noqa: B023
+                        "the child's environment to be set up")
     yield holder, waiter
     for proc in (holder, waiter):
         proc.kill()
