@@ -43,7 +43,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db import session_scope
+from app.db import read_scope, session_scope
 from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
 from app.server import CLIENT_GONE, CONNECTION
 from app.services import capture, limits
@@ -199,9 +199,9 @@ class ProjectRoutes:
 
 
 def load_caller(key_hash: str) -> Caller | None:
-    with session_scope() as session:
-        row = session.execute(select(ApiKey.id, ApiKey.project_id, ApiKey.revoked_at)
-                              .where(ApiKey.key_hash == key_hash)).first()
+    with read_scope() as connection:
+        row = connection.execute(select(ApiKey.id, ApiKey.project_id, ApiKey.revoked_at)
+                                 .where(ApiKey.key_hash == key_hash)).first()
     if row is None or row.revoked_at is not None:
         return None
     return Caller(key_id=row.id, project_id=row.project_id)
@@ -231,8 +231,8 @@ def routes_loader(settings: Settings) -> Callable[[str], ProjectRoutes]:
     def load(project_id: str) -> ProjectRoutes:
         # One query: the project's deployment rows and replica rows (a replica shares its
         # deployment's project), not stopped.
-        with session_scope() as session:
-            rows = session.execute(
+        with read_scope() as connection:
+            rows = connection.execute(
                 select(Deployment.id, Deployment.name, Deployment.status, Deployment.upstream_url,
                        Deployment.api_key_ciphertext, Deployment.created_at,
                        Deployment.replica_of, Deployment.replica,
