@@ -47,11 +47,6 @@ class UpstreamBroken(UpstreamError):
     """The connection dropped before the end of the response, or the HTTP was malformed."""
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(UpstreamTimeout("the upstream did not answer in time"))
-
-
 class UpstreamResponse:
     """An upstream response whose head has arrived; the body is read with ``read()`` or
     ``next_chunk()``. ``close()`` before the end drops the connection (the request is aborted
@@ -102,13 +97,12 @@ class UpstreamResponse:
         """Until the connection feeds some body, the end, or an error, or ``timeout``. The head
         alone wakes nobody: who reads a response wants its body (a wake-up for the head would
         cost a turn of the task for nothing)."""
-        loop = self.connection.loop
-        self.waiter = waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter)
+        connection = self.connection
+        self.waiter = waiter = connection.loop.create_future()
+        connection.expect(timeout)
         try:
             await waiter
         finally:
-            timer.cancel()
             self.waiter = None
 
     # --- read by the gateway
@@ -172,6 +166,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
+        self.deadline = 0.0  # of the response's current wait (``expect``)
+        self.timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol
 
@@ -190,6 +186,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.client.forget(self)
         response = self.response
         if response is None or response.complete:
@@ -229,6 +228,30 @@ class _Connection(asyncio.Protocol):
         self.response, self.reusable = response, False
         assert self.transport is not None
         self.transport.writelines((head, body))
+
+    def expect(self, timeout: float) -> None:
+        """The response's wait that starts now ends within ``timeout``, or fails with
+        ``UpstreamTimeout``. One timer per connection, armed when none is and moved on when it
+        finds the wait it was armed for over: a wait costs no timer of its own (a libuv timer
+        made, started, stopped and closed for each wait of a request and of each of a stream's
+        pieces: docs/benchmarks.md, "Timers")."""
+        self.deadline = deadline = self.loop.time() + timeout
+        timer = self.timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self.timer = self.loop.call_at(deadline, self.check_deadline)
+
+    def check_deadline(self) -> None:
+        self.timer = None
+        response = self.response
+        waiter = response.waiter if response is not None else None
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms the timer again
+        if self.loop.time() >= self.deadline - 0.001:  # a timer may fire a little early
+            waiter.set_exception(UpstreamTimeout("the upstream did not answer in time"))
+        else:
+            self.timer = self.loop.call_at(self.deadline, self.check_deadline)
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None:

@@ -329,3 +329,86 @@ def test_timeouts_and_refusals() -> None:
         await upstream.aclose()
 
     run(scenario)
+
+
+def run_on(loop: str, scenario: Callable[[], Awaitable[None]]) -> None:
+    """``scenario`` on asyncio's own loop or on uvloop (`specdeck api`'s), whose timers differ."""
+    main = asyncio.wait_for(scenario(), 30)
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_read_timeout_is_each_waits_own(loop: str) -> None:
+    """One timer per connection serves every wait (``_Connection.expect``): answers and pieces
+    that each come within the read timeout never time out, however long the requests in a row
+    or the stream take in all; a piece that does not come times out after the read timeout
+    from when it was waited for, not from an earlier wait's start."""
+    timeout, pace = 1.0, 0.1  # 10x: a loop held up for a while under load times nothing out
+
+    async def scenario() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for _ in range(4):  # four answers in a row, each after `pace`
+                await read_request(reader)
+                await asyncio.sleep(pace)
+                writer.write(ok(b"{}"))
+            await read_request(reader)  # then a stream: 12 pieces `pace` apart, then silence
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(12):
+                await asyncio.sleep(pace)
+                writer.write(b"1\r\nx\r\n")
+            await reader.read()
+
+        async with Server(handler) as server:
+            upstream = client(read_timeout=timeout)
+            started = asyncio.get_running_loop().time()
+            for _ in range(4):
+                response = await upstream.send(server.url, HEADERS, b"{}", {}, "r")
+                assert await response.read() == b"{}"
+                response.close()
+            response = await upstream.send(server.url, HEADERS, b"{}", {}, "r")
+            received = b""
+            while len(received) < 12:
+                received += await response.next_chunk() or b""
+            assert asyncio.get_running_loop().time() - started > timeout  # past the first deadline
+            waited = asyncio.get_running_loop().time()
+            with pytest.raises(UpstreamTimeout):
+                await response.next_chunk()
+            assert timeout - 0.05 < asyncio.get_running_loop().time() - waited < timeout + 5.0
+            response.close()
+            await upstream.aclose()
+        assert server.connections == 1
+
+    run_on(loop, scenario)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_stalled_answer_after_a_quick_one_times_out_from_its_own_start(loop: str) -> None:
+    """The connection's timer, armed by the quick answer's wait, fires while the next one waits
+    and before its time: it is moved on to that wait's deadline, and the wait times out then."""
+    timeout, pace = 1.0, 0.3
+
+    async def scenario() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            await asyncio.sleep(pace)
+            writer.write(ok(b"{}"))
+            await read_request(reader)
+            await reader.read()  # never answers
+
+        async with Server(handler) as server:
+            upstream = client(read_timeout=timeout)
+            response = await upstream.send(server.url, HEADERS, b"{}", {}, "r")
+            assert await response.read() == b"{}"
+            response.close()
+            waited = asyncio.get_running_loop().time()
+            with pytest.raises(UpstreamTimeout):
+                await upstream.send(server.url, HEADERS, b"{}", {}, "r")
+            assert timeout - 0.05 < asyncio.get_running_loop().time() - waited < timeout + 5.0
+            await upstream.aclose()
+
+    run_on(loop, scenario)
