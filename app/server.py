@@ -33,6 +33,9 @@ query string, or a concurrency limit set goes the ASGI way, to the same app. Tha
 28 us of CPU a request more, pinned to one CPU, on an Intel VM, and uvicorn's cycle 13 us more
 than a ``DirectCycle`` on an AMD one (docs/benchmarks.md, "The ASGI layer", "A lighter
 cycle").
+
+**One keep-alive timer per connection**, moved on when it finds the connection used since,
+where uvicorn makes and cancels one per request (docs/benchmarks.md, "Timers").
 """
 
 from __future__ import annotations
