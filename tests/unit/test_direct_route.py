@@ -410,33 +410,51 @@ def test_a_graceful_shutdown_lets_the_answer_go_then_closes_the_connection() -> 
     assert direct_app.ways == ["direct"]
 
 
+KeepAliveExchange = Callable[[App, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[float]]
+
+
+def closed_after_keep_alive(keep_alive: float, exchange: KeepAliveExchange) -> tuple[App, int]:
+    """Run ``exchange(app, reader, writer)`` on a connection to a direct server whose
+    keep-alive timeout is ``keep_alive``; it returns the loop's time of its last answer, after
+    which the server must close the connection that long later. Returns the app and the
+    server's count of requests."""
+    async def main() -> tuple[App, int]:
+        app = App(direct=True)
+        server, serving, port = await serve(app, timeout_keep_alive=keep_alive)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answered = await exchange(app, reader, writer)
+            assert await asyncio.wait_for(reader.read(), keep_alive + 10) == b""  # closed
+            waited = asyncio.get_running_loop().time() - answered
+            assert keep_alive - 0.05 < waited < keep_alive + 5
+            writer.close()
+            return app, server.server_state.total_requests
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(serving, 30)
+
+    return asyncio.run(main())
+
+
 def test_an_idle_connection_is_closed_after_the_keep_alive_timeout_and_a_busy_one_is_not() -> None:
     """One keep-alive timer per connection (``HttpProtocol.keep_alive_check``), as uvicorn's
     timeout reads: requests that come within it keep the connection, however long they go on
     in all; once they stop, the server closes it that long after the last answer."""
     keep_alive, pace = 2.0, 0.2  # 10x: a loop held up for a while under load closes nothing
 
-    async def main() -> None:
-        app = App(direct=True)
-        server, serving, port = await serve(app, timeout_keep_alive=keep_alive)
-        try:
-            loop = asyncio.get_running_loop()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            started = loop.time()
-            while loop.time() - started < 1.5 * keep_alive:  # past the first timer's time
-                writer.write(request(b'{"ask": "json"}'))
-                assert (await read_answer(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
-                await asyncio.sleep(pace)
-            answered = loop.time() - pace
-            assert await asyncio.wait_for(reader.read(), keep_alive + 10) == b""  # closed
-            assert keep_alive - 0.05 < loop.time() - answered < keep_alive + 5
-            writer.close()
-            assert server.server_state.total_requests == len(app.ways) > 10
-        finally:
-            server.should_exit = True
-            await asyncio.wait_for(serving, 30)
+    async def exchange(app: App, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while loop.time() - started < 1.5 * keep_alive:  # past the first timer's time
+            writer.write(request(b'{"ask": "json"}'))
+            assert (await read_answer(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
+            answered = loop.time()
+            await asyncio.sleep(pace)
+        return answered
 
-    asyncio.run(main())
+    app, requests = closed_after_keep_alive(keep_alive, exchange)
+    assert requests == len(app.ways) > 10
 
 
 def test_a_request_answered_after_the_keep_alive_timeout_keeps_its_connection_that_long() -> None:
@@ -444,25 +462,16 @@ def test_a_request_answered_after_the_keep_alive_timeout_keeps_its_connection_th
     the answer arms it again, and the connection is closed the timeout after the answer."""
     keep_alive = 1.0
 
-    async def main() -> None:
-        app = App(direct=True)
-        server, serving, port = await serve(app, timeout_keep_alive=keep_alive)
-        try:
-            loop = asyncio.get_running_loop()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(request(b'{"ask": "json"}'))  # arms the timer
-            await read_answer(reader)
-            writer.write(request(b'{"ask": "held"}'))
-            await asyncio.wait_for(app.holding.wait(), 10)
-            await asyncio.sleep(1.5 * keep_alive)  # the timer fires meanwhile
-            app.release.set()
-            assert (await read_answer(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
-            answered = loop.time()
-            assert await asyncio.wait_for(reader.read(), keep_alive + 10) == b""  # closed
-            assert keep_alive - 0.05 < loop.time() - answered < keep_alive + 5
-            writer.close()
-        finally:
-            server.should_exit = True
-            await asyncio.wait_for(serving, 30)
+    async def exchange(app: App, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> float:
+        writer.write(request(b'{"ask": "json"}'))  # arms the timer
+        await read_answer(reader)
+        writer.write(request(b'{"ask": "held"}'))
+        await asyncio.wait_for(app.holding.wait(), 10)
+        await asyncio.sleep(1.5 * keep_alive)  # the timer fires meanwhile
+        app.release.set()
+        assert (await read_answer(reader)).startswith(b"HTTP/1.1 200 OK\r\n")
+        return asyncio.get_running_loop().time()
 
-    asyncio.run(main())
+    app, requests = closed_after_keep_alive(keep_alive, exchange)
+    assert app.ways == ["direct", "direct"] and requests == 2
