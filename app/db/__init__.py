@@ -73,7 +73,7 @@ def read_scope() -> Iterator[Connection]:
     one committed state by itself). On Postgres, in autocommit: no BEGIN and no COMMIT, two of
     a session's four round trips (the pool's pre-ping, BEGIN, the query, COMMIT); the gateway's
     cache loads, which run in the background while a key or project has traffic, take 20-30%
-    less time and 10-30% less CPU so. pysqlite opens no transaction for a SELECT anyway, and
+    less time and 10-25% less CPU so. pysqlite opens no transaction for a SELECT anyway, and
     switching a SQLite connection to autocommit and back costs more than it saves
     (docs/benchmarks.md, "Six more full runs")."""
     with get_engine().connect() as connection:
