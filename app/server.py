@@ -34,8 +34,8 @@ query string, or a concurrency limit set goes the ASGI way, to the same app. Tha
 than a ``DirectCycle`` on an AMD one (docs/benchmarks.md, "The ASGI layer", "A lighter
 cycle").
 
-**One keep-alive timer per connection**, moved on when it finds the connection used since,
-where uvicorn makes and cancels one per request (docs/benchmarks.md, "Timers").
+**One keep-alive timer per connection** (``app.deadline.Deadline``), where uvicorn makes and
+cancels one per request (docs/benchmarks.md, "Timers").
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+from app.deadline import Deadline
 
 CLIENT_GONE = "specdeck.client_gone"
 # A dict that lives as long as the client's connection, for what the app may reuse from one
@@ -81,8 +83,7 @@ class HttpProtocol(HttpToolsProtocol):
     each scope, and the app's ``direct_route`` answered directly."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.idle_since: float | None = None  # since its last answer, while no request comes
-        self.keep_alive_timer: asyncio.TimerHandle | None = None
+        self.keep_alive = Deadline(self.loop, self.timeout_keep_alive_handler)
         self.client_gone: set[Callable[[], None]] = set()
         self.connection_state: dict[str, Any] = {}
         self.direct_route: DirectRoute | None = getattr(self.app, "direct_route", None)
@@ -91,44 +92,28 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.idle_since = None
+        self.keep_alive.clear()
         extensions = {CLIENT_GONE: self.client_gone, CONNECTION: self.connection_state}
         self.scope["extensions"] = extensions  # type: ignore[typeddict-unknown-key]
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        if self.keep_alive_timer is not None:
-            self.keep_alive_timer.cancel()
-            self.keep_alive_timer = None
+        self.keep_alive.cancel()
         self.connection_state.clear()  # the last key sent on it goes with the connection
         gone, self.client_gone = self.client_gone, set()
         for callback in gone:
             callback()
 
     def on_response_complete(self) -> None:
-        """uvicorn's, but for the keep-alive timeout: one timer per connection, armed when none
-        is and moved on when it finds the connection used since (``keep_alive_check``), where
-        uvicorn makes a timer for each answer and cancels it when the next request comes
-        (docs/benchmarks.md, "Timers"). uvicorn's own timer is never armed."""
+        """uvicorn's, but for the keep-alive timeout: a ``Deadline`` of the connection's, where
+        uvicorn makes a timer for each answer and cancels it when the next request comes.
+        uvicorn's own timer is never armed; its handler closes the connection."""
         if self.pipeline or self.transport.is_closing():
             super().on_response_complete()  # starts the next pipelined request; or nothing
             return
         self.server_state.total_requests += 1
         self.flow.resume_reading()
-        self.idle_since = now = self.loop.time()
-        if self.keep_alive_timer is None:
-            self.keep_alive_timer = self.loop.call_at(now + self.timeout_keep_alive,
-                                                      self.keep_alive_check)
-
-    def keep_alive_check(self) -> None:
-        self.keep_alive_timer = None
-        if self.idle_since is None:
-            return  # a request is under way: its answer arms the timer again
-        due = self.idle_since + self.timeout_keep_alive
-        if self.loop.time() >= due - 0.001:  # a timer may fire a little early
-            self.timeout_keep_alive_handler()  # uvicorn's: closes the connection
-        else:
-            self.keep_alive_timer = self.loop.call_at(due, self.keep_alive_check)
+        self.keep_alive.set(self.timeout_keep_alive)
 
     def on_headers_complete(self) -> None:
         route = self.direct_route

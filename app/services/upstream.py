@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from app.deadline import Deadline
+
 Check = Callable[[], Awaitable[None]]
 PAUSE_AT = 256 * 1024  # bytes of body read from the upstream and not yet taken by the relay
 
@@ -99,11 +101,11 @@ class UpstreamResponse:
         cost a turn of the task for nothing)."""
         connection = self.connection
         self.waiter = waiter = connection.loop.create_future()
-        connection.expect(timeout)
+        connection.read_deadline.set(timeout)
         try:
             await waiter
         finally:
-            self.waiter = None
+            self.waiter = None  # the deadline may pass now: with no waiter, nothing times out
 
     # --- read by the gateway
 
@@ -166,8 +168,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
-        self.deadline = 0.0  # of the response's current wait (``expect``)
-        self.timer: asyncio.TimerHandle | None = None
+        # Of the response's current wait: one timer per connection, not one per wait.
+        self.read_deadline = Deadline(self.loop, self.read_timed_out)
 
     # --- asyncio.Protocol
 
@@ -186,9 +188,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.read_deadline.cancel()
         self.client.forget(self)
         response = self.response
         if response is None or response.complete:
@@ -229,29 +229,10 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.writelines((head, body))
 
-    def expect(self, timeout: float) -> None:
-        """The response's wait that starts now ends within ``timeout``, or fails with
-        ``UpstreamTimeout``. One timer per connection, armed when none is and moved on when it
-        finds the wait it was armed for over: a wait costs no timer of its own (a libuv timer
-        made, started, stopped and closed for each wait of a request and of each of a stream's
-        pieces: docs/benchmarks.md, "Timers")."""
-        self.deadline = deadline = self.loop.time() + timeout
-        timer = self.timer
-        if timer is None or timer.when() > deadline:
-            if timer is not None:
-                timer.cancel()
-            self.timer = self.loop.call_at(deadline, self.check_deadline)
-
-    def check_deadline(self) -> None:
-        self.timer = None
-        response = self.response
-        waiter = response.waiter if response is not None else None
-        if waiter is None or waiter.done():
-            return  # nobody waits: the next wait arms the timer again
-        if self.loop.time() >= self.deadline - 0.001:  # a timer may fire a little early
+    def read_timed_out(self) -> None:
+        waiter = self.response.waiter if self.response is not None else None
+        if waiter is not None and not waiter.done():
             waiter.set_exception(UpstreamTimeout("the upstream did not answer in time"))
-        else:
-            self.timer = self.loop.call_at(self.deadline, self.check_deadline)
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None:

@@ -437,7 +437,7 @@ def closed_after_keep_alive(keep_alive: float, exchange: KeepAliveExchange) -> t
 
 
 def test_an_idle_connection_is_closed_after_the_keep_alive_timeout_and_a_busy_one_is_not() -> None:
-    """One keep-alive timer per connection (``HttpProtocol.keep_alive_check``), as uvicorn's
+    """One keep-alive timer per connection (``app.deadline.Deadline``), as uvicorn's
     timeout reads: requests that come within it keep the connection, however long they go on
     in all; once they stop, the server closes it that long after the last answer."""
     keep_alive, pace = 2.0, 0.2  # 10x: a loop held up for a while under load closes nothing

@@ -344,7 +344,7 @@ def run_on(loop: str, scenario: Callable[[], Awaitable[None]]) -> None:
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_the_read_timeout_is_each_waits_own(loop: str) -> None:
-    """One timer per connection serves every wait (``_Connection.expect``): answers and pieces
+    """One timer per connection serves every wait (``_Connection.read_deadline``): answers and pieces
     that each come within the read timeout never time out, however long the requests in a row
     or the stream take in all; a piece that does not come times out after the read timeout
     from when it was waited for, not from an earlier wait's start."""
