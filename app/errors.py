@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.db import UNAVAILABLE
+from app.schemas.drafters import KINDS
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +118,16 @@ def error_response(exc: APIError) -> JSONResponse:
     )
 
 
-def _param(loc: tuple[Any, ...] | list[Any]) -> str | None:
-    """The field's dotted path, without the location in front ("body", "query", ...): a field
-    may itself be named "path" or "query"."""
+def _parts(loc: tuple[Any, ...] | list[Any]) -> tuple[list[str], str | None]:
+    """The field's path, without the location in front ("body", "query", ...: a field may itself
+    be named "path" or "query"), and the drafter kind it is a field of: pydantic names the
+    branch of a drafter union in the path ("speculator.eagle3.block_size"), the client's body
+    does not."""
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
         parts = parts[1:]
-    return ".".join(parts) or None
+    kind = next((p for p in parts if p in KINDS), None)
+    return [p for p in parts if p != kind], kind
 
 
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -132,12 +136,21 @@ async def _api_error(_: Request, exc: APIError) -> JSONResponse:
 
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0]
-    param = _param(first.get("loc", ()))
+    parts, drafter = _parts(first.get("loc", ()))
+    param = ".".join(parts) or None
     kind = first.get("type", "invalid")
     message = first.get("msg", "Invalid request")
-    if kind == "extra_forbidden":
+    if kind == "extra_forbidden" and drafter:
+        message = (f"Unknown field '{echo(param or '')}': a {drafter} drafter has no "
+                   f"{parts[-1]}")
+        code = "unknown_field"
+    elif kind == "extra_forbidden":
         message = f"Unknown field '{echo(param or '')}'"
         code = "unknown_field"
+    elif kind == "unknown_kind":  # a drafter's "type" that names no kind
+        param = f"{param}.type" if param else "type"
+        message = f"{param}: {message}"
+        code = "invalid_value"
     elif kind in ("missing",):
         message = f"Missing required field '{echo(param or '')}'"
         code = "missing_field"

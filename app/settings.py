@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     quota_api_keys: int = Field(default=50, ge=0)
     # Webhook endpoints per project.
     quota_webhooks: int = Field(default=20, ge=0)
+    # Candidates of one bake-off job (docs/quotas.md); at most 32 either way.
+    quota_candidates_per_job: int = Field(default=6, ge=0)
 
     # Webhook deliveries (workers/webhooks.py): the seconds to wait after each failed attempt
     # (comma-separated; the first attempt is immediate, so 7 delays make 8 attempts over about a

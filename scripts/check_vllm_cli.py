@@ -49,7 +49,7 @@ from app.doctor.flags import (  # noqa: E402
     vllm_argument_set,
     vllm_serve_parser,
 )
-from app.runtimes import server_layer_ids  # noqa: E402
+from app.schemas.job_spec import JobSpec  # noqa: E402
 
 PACKAGES = ("vllm", "torch", "transformers", "speculators", "hs-connectors")
 
@@ -215,7 +215,7 @@ def record(work: Path) -> dict[str, Any]:
     job = jobs["vllm"]
     layer_ids = {
         "verifier_num_hidden_layers": layers,
-        "specdeck_server_layer_ids": server_layer_ids(job),
+        "specdeck_server_layer_ids": JobSpec.load(job).server_layer_ids,
         "specdeck_trainer_layer_ids": job["speculator"]["target_layer_ids"],
         "trainer_parsed_target_layer_ids": trainer["parsed"]["--target-layer-ids"],
         "checkpoint_aux_hidden_state_layer_ids": checkpoint["aux_hidden_state_layer_ids"],

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.db import session_scope
 from app.db.models import Deployment, Promotion
-from app.runtimes import build_serve
+from app.runtimes import ServeSpec, build_serve
 from app.services import promotions
 from app.services.state import PromotionStatus, move_promotion
 from workers.readiness import free_port, wait_ready
@@ -62,7 +62,7 @@ def start_engine(ctx: JobContext, spec: dict[str, Any], name: str, api_key: str,
                  gpus: list[int] | None) -> Engine:
     port = free_port()
     advertised = ctx.settings.worker_advertise_host
-    command = build_serve(spec, name, port=port,
+    command = build_serve(ServeSpec.of_deployment(spec), name, port=port,
                           host="127.0.0.1" if advertised == "127.0.0.1" else "0.0.0.0",
                           gpus=gpus, api_key=api_key)
     return Engine(ctx.start(command), port, list(gpus or []))

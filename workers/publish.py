@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Checkpoint, Job, utcnow
 from app.runtimes import StageCommand
+from app.schemas.job_spec import JobSpec
 from app.services.publishing import checkpoint_card_fields, evaluation_card_rows, render_model_card
 from app.services.secrets import HF_TOKEN, reveal
 from app.services.webhooks import enqueue
@@ -26,9 +27,9 @@ class MissingToken(Exception):
 
 def card(checkpoint: Checkpoint, job: Job, repo_id: str) -> str:
     fields = checkpoint_card_fields(checkpoint.path)
-    spec = job.spec
-    fields["verifier"] = spec["verifier"]  # what the user named (a Hub id serves as is)
-    dataset = {"dataset": spec["dataset"], "format": spec.get("dataset_format"), "mode": spec["mode"]}
+    spec = JobSpec.load(job.spec)
+    fields["verifier"] = spec.verifier  # what the user named (a Hub id serves as is)
+    dataset = {"dataset": spec.dataset, "format": spec.dataset_format, "mode": spec.mode}
     metrics = {**fields.pop("metrics"), **(checkpoint.metrics or {})}
     return render_model_card(repo_id=repo_id, dataset_summary=dataset, metrics=metrics,
                              evaluation=evaluation_card_rows(checkpoint.evaluation), **fields)
@@ -75,11 +76,19 @@ def record(session: Session, checkpoint_id: str, work_dir: Path, repo_id: str) -
     return result
 
 
-def best_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
-    """The job's checkpoint: the one its evaluation selected (the highest served acceptance
-    length among those served), else the trainer's best (lowest validation loss), else the
-    latest; never a partial one (saved mid-epoch)."""
-    rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
-                                                         Checkpoint.partial.is_(False))
-                                .order_by(Checkpoint.is_best.desc(), Checkpoint.epoch.desc())))
+def best_checkpoint(session: Session, job_id: str, candidate: int | None = None
+                    ) -> Checkpoint | None:
+    """The job's checkpoint (or its candidate's): the one its evaluation chose (the winner's;
+    a candidate's highest served acceptance length among those served), else the trainer's
+    best (lowest validation loss), else the latest; never a partial one (saved mid-epoch)."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.partial.is_(False))
+    if candidate is None:
+        job = session.get(Job, job_id)
+        chosen = (job.evaluation or {}).get("checkpoint_id") if job is not None else None
+        if chosen and (row := session.get(Checkpoint, chosen)) is not None:
+            return row
+    else:
+        query = query.where(Checkpoint.candidate == candidate)
+    rows = list(session.scalars(query.order_by(Checkpoint.is_best.desc(),
+                                               Checkpoint.epoch.desc(), Checkpoint.candidate)))
     return next((c for c in rows if (c.evaluation or {}).get("selected")), rows[0] if rows else None)

@@ -41,19 +41,24 @@ def is_ready(client: httpx.Client, base_url: str, served_name: str) -> bool:
     return any(m.get("id") == served_name for m in models.get("data", []))
 
 
+class NotReady(StageFailed):
+    """The server itself failed to start: it exited, or was not ready in time."""
+
+
 def wait_ready(ctx: JobContext, proc: ManagedProcess, base_url: str, served_name: str, *,
                what: str, log_path: Path, timeout: float, headers: dict[str, str] | None = None) -> None:
-    """Poll until ready; fail with the server's log tail if it exits or the deadline passes."""
+    """Poll until ready; fail (NotReady) with the server's log tail if it exits or the deadline
+    passes."""
     deadline = time.monotonic() + timeout
     code = f"{what.replace(' ', '_')}_failed"
     with httpx.Client(timeout=5, headers=headers) as client:
         while time.monotonic() < deadline:
             ctx.check()
             if proc.poll() is not None:
-                raise StageFailed(f"the {what} exited with code {proc.poll()} while starting",
-                                  code=code, log_tail=tail(log_path))
+                raise NotReady(f"the {what} exited with code {proc.poll()} while starting",
+                               code=code, log_tail=tail(log_path))
             if is_ready(client, base_url, served_name):
                 return
             time.sleep(0.5)
-    raise StageFailed(f"the {what} was not ready after {timeout:.0f} s", code=code,
-                      log_tail=tail(log_path))
+    raise NotReady(f"the {what} was not ready after {timeout:.0f} s", code=code,
+                   log_tail=tail(log_path))

@@ -13,11 +13,12 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from app.db import session_scope, with_retries
 from app.logtail import tail
 from app.runtimes import JobPaths, Plan, StageCommand
+from app.schemas.job_spec import JobSpec
 from app.services.scheduling import schedule
 from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_event, transition
 from app.settings import Settings
@@ -38,6 +39,10 @@ class StageFailed(Exception):
         self.code, self.log_tail = code, log_tail
 
 
+class ProcessFailed(StageFailed):
+    """A process a stage ran exited with an error (not the job being stopped)."""
+
+
 class Cancelled(Exception):
     pass
 
@@ -49,16 +54,20 @@ class ShuttingDown(Exception):
 @dataclass(frozen=True)
 class PipelineStage:
     stage: Stage
-    run: Callable[["JobContext"], None]
-    when: Callable[[dict[str, Any]], bool] = lambda spec: True  # does the job need it?
+    run: Callable[["JobContext[JobSpec]"], None]
+    when: Callable[[JobSpec], bool] = lambda spec: True  # does the job need it?
+
+
+S = TypeVar("S")  # a job's spec (JobSpec), or a deployment's (its row's JSON)
 
 
 @dataclass
-class JobContext:
-    """What a stage gets: the job's spec and paths, and guarded ways to report and run."""
+class JobContext(Generic[S]):
+    """What a stage gets: the job's spec and paths, and guarded ways to report and run. A
+    deployment's worker runs its engine through one too."""
 
     lease: Lease
-    spec: dict[str, Any]
+    spec: S
     settings: Settings
     heartbeat: Heartbeat
     paths: JobPaths = field(init=False)
@@ -203,8 +212,11 @@ class JobContext:
         proc.stop(self.settings.cancel_grace_seconds)
         self.finish(proc)
 
-    def run(self, command: StageCommand, on_line: Callable[[str], None] | None = None) -> int:
-        """Run to completion; stops the group on cancel, takeover or shutdown, then raises."""
+    def run(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
+            *, log_tail: Callable[[], str] | None = None) -> ManagedProcess:
+        """Run to completion; stops the group on cancel, takeover or shutdown, then raises. A
+        non-zero exit raises ProcessFailed with the end of the log (``log_tail``: of what the
+        process printed itself, when the job's log holds other processes' lines too)."""
         proc = self.start(command, on_line)
         try:
             code = proc.wait(self.should_stop, grace=self.settings.cancel_grace_seconds)
@@ -212,11 +224,11 @@ class JobContext:
             self.finish(proc)
         self.check()
         if code != 0:
-            log_tail = tail(self.paths.log)
-            kind, hint = classify_failure(code, log_tail)
-            raise StageFailed(f"{command.description} exited with code {code}{hint}",
-                              code=kind, log_tail=log_tail)
-        return code
+            lines = log_tail() if log_tail is not None else tail(self.paths.log)
+            kind, hint = classify_failure(code, lines)
+            raise ProcessFailed(f"{command.description} exited with code {code}{hint}",
+                                code=kind, log_tail=lines)
+        return proc
 
 
 # (error code, what to tell the user, the log patterns that identify it), most specific first.
@@ -263,13 +275,13 @@ def _finish(lease: Lease, settings: Settings, to: JobStatus, **kwargs: Any) -> N
     with_retries(next_job, seconds=settings.database_retry_seconds, what=lease.job_id)
 
 
-def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
+def run_job(lease: Lease, spec: JobSpec, settings: Settings) -> None:
     heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
                           lease_seconds=settings.lease_seconds)
     with heartbeat:
         stages = load_pipeline(settings.pipeline)
         ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat,
-                         preload=settings.vllm_preload and spec.get("runtime") == "local")
+                         preload=settings.vllm_preload and spec.runtime == "local")
         try:
             outcome = _run_stages(ctx, stages)
         finally:
@@ -284,7 +296,7 @@ def run_job(lease: Lease, spec: dict[str, Any], settings: Settings) -> None:
         _finish(lease, settings, to, **kwargs)
 
 
-def _run_stages(ctx: JobContext, stages: list[PipelineStage]
+def _run_stages(ctx: JobContext[JobSpec], stages: list[PipelineStage]
                 ) -> tuple[JobStatus, dict[str, Any]] | None:
     """Run every stage; return the status the job ends in (None: the lease is no longer ours)."""
     try:
@@ -318,9 +330,9 @@ def remove_hidden_states(paths: JobPaths) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def remove_work_data(spec: dict[str, Any], paths: JobPaths) -> None:
+def remove_work_data(spec: JobSpec, paths: JobPaths) -> None:
     """A capture's decrypted rows (and their copy for prepare-data) are user data kept
     encrypted at rest: they leave the work dir when the job ends."""
-    if spec.get("dataset_kind") == "capture":
+    if spec.dataset_kind == "capture":
         for path in (paths.captured, paths.root / "conversations.jsonl"):
             path.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from app.gpus import detect_gpus
 from app.logtail import tail
 from app.services import workers as registry
 from app.services.publishing import PublishError
+from app.schemas.job_spec import JobSpec
 from app.services.secrets import HF_TOKEN, cipher
 from app.settings import get_settings
 from workers.deployments import run_deployment
@@ -42,7 +43,7 @@ def run_job_task(job_id: str) -> None:
         return
     with session_scope() as session:
         row = session.execute(select(Job.spec, Job.allocation).where(Job.id == job_id)).one()
-        spec = {**row.spec, "allocation": row.allocation}  # the GPUs the scheduler gave it
+        spec = JobSpec.load(row.spec, allocation=row.allocation)  # the GPUs it was given
     run_job(lease, spec, settings)
 
 

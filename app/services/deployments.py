@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from app.db.models import Deployment, DeploymentEvent, Job
+from app.db.models import Checkpoint, Deployment, DeploymentEvent, Job
 from app.errors import APIError, not_found
 from app.schemas.deployments import (
     DeploymentCreate,
@@ -23,7 +23,8 @@ from app.schemas.jobs import JOB_NAME_MAX, JobCreate
 from app.services import capture, quotas, replicas, state
 from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus
-from app.services.checkpoints import checkpoint_drafter, drafter_block_size
+from app.schemas.job_spec import JobSpec
+from app.services.checkpoints import checkpoint_drafter, read_drafter
 from app.services.jobs import SHAPE, request_hash
 from app.services.verifier import read_config, resolve_verifier
 from app.settings import Settings
@@ -37,14 +38,14 @@ def resolve_source(session: Session, project_id: str, body: DeploymentCreate,
     if body.checkpoint_id is not None:
         drafter = checkpoint_drafter(session, project_id, body.checkpoint_id, param="checkpoint_id")
         return {"source": drafter.source(), "drafter": drafter.checkpoint.path,
-                "verifier": drafter.verifier, "block_size": drafter.block_size}
+                "verifier": drafter.verifier, **drafter.drafter.serving()}
     assert body.drafter is not None and body.verifier is not None
-    drafter, drafter_source, config = read_config(body.drafter, settings=settings, hub=hub,
-                                                   param="drafter")
-    block_size = drafter_block_size(config, "drafter")
+    path, drafter_source, config = read_config(body.drafter, settings=settings, hub=hub,
+                                               param="drafter")
+    drafter = read_drafter(config, "drafter")
     verifier = resolve_verifier(body.verifier, settings=settings, hub=hub)
     return {"source": {"kind": drafter_source, "drafter": body.drafter, "verifier": body.verifier},
-            "drafter": drafter, "verifier": verifier.reference, "block_size": block_size}
+            "drafter": path, "verifier": verifier.reference, **drafter.serving()}
 
 
 def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
@@ -59,7 +60,7 @@ def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
     source = resolve_source(session, project_id, body, settings, hub)
     spec = {
         **source,
-        "num_speculative_tokens": body.num_speculative_tokens or source["block_size"] - 1,
+        "num_speculative_tokens": body.num_speculative_tokens or source["num_speculative_tokens"],
         "runtime": body.runtime or settings.default_runtime,
         "resources": body.resources.model_dump(),
         "replicas": body.replicas,
@@ -153,14 +154,19 @@ def retrain_request(session: Session, project_id: str, deployment_id: str,
                        code="dataset_required", param="dataset")
     source = spec["source"]
     base: dict[str, Any] = {}
+    kind = spec.get("kind", "dflash")
     if source["kind"] == "checkpoint":
-        job = session.get(Job, source["job_id"])
-        base = {"verifier": job.spec["verifier"], "init_from": source["checkpoint_id"],
-                "speculator": {k: v for k, v in job.spec["speculator"].items() if k not in SHAPE},
-                "resources": job.spec["resources"], "mode": job.spec["mode"],
-                "gate": job.spec.get("gate")}
-    else:  # a Hub or local drafter: trained anew in its shape (no checkpoint to start from)
-        base = {"verifier": source["verifier"], "speculator": {"block_size": spec["block_size"]}}
+        job = JobSpec.load(session.get(Job, source["job_id"]).spec)
+        served = session.get(Checkpoint, source["checkpoint_id"])
+        # The drafter it serves: its candidate's kind and settings (a bake-off's, any one).
+        drafter = job.candidate(served.candidate if served is not None else 0).drafter
+        base = {"verifier": job.verifier, "init_from": source["checkpoint_id"],
+                "speculator": drafter.model_dump(exclude=set(SHAPE)),
+                "resources": job.resources.model_dump(), "mode": job.mode,
+                "gate": job.gate.model_dump() if job.gate else None}
+    else:  # a Hub or local drafter: trained anew in its kind and shape (no checkpoint)
+        shape = {"block_size": spec["block_size"]} if spec.get("block_size") else {}
+        base = {"verifier": source["verifier"], "speculator": {"type": kind, **shape}}
     overrides = body.speculator.model_dump(exclude_none=True)
     data = body.data.model_dump(exclude_unset=True) if body.data is not None else {}
     fields = {
@@ -200,6 +206,7 @@ def deployment_out(deployment: Deployment) -> DeploymentOut:
     return DeploymentOut(
         id=deployment.id, name=deployment.name, status=status,
         status_reason=deployment.status_reason, source=spec["source"], drafter=spec["drafter"],
+        kind=spec.get("kind", "dflash"),
         verifier=spec["verifier"], num_speculative_tokens=spec["num_speculative_tokens"],
         runtime=spec["runtime"], resources=spec["resources"], restarts=deployment.restarts,
         worker=deployment.worker_id, allocation=deployment.allocation,

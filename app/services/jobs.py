@@ -14,17 +14,21 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
-from app.db.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
+from app.db.models import Checkpoint, Job, JobCandidate, JobEvent, JobMetric, utcnow
 from app.errors import APIError, not_found
-from app.runtimes import JobPaths, build_plan, data_settings, evaluation_settings
-from app.schemas.jobs import JobCreate, JobOut, JobProgress, StageProgress
-from app.services import quotas, state
+from app.runtimes import JobPaths, build_plan
+from app.schemas.drafters import KINDS, DrafterBase
+from app.schemas.job_spec import DeployTarget, JobSpec, ResolvedData, WarmStart
+from app.schemas.job_spec import VerifierInfo as JobVerifier
+from app.schemas.jobs import GateSpec, JobCreate, JobOut, JobProgress, StageProgress
+from app.services import candidates, quotas, state
+from app.services.candidates import resolve_layers
 from app.services.checkpoints import checkpoint_drafter
 from app.services.datasets import resolve_for_job
 from app.services.promotions import serving_deployment
 from app.services.scheduling import schedule
 from app.services.state import JobStatus, Stage
-from app.services.verifier import VerifierInfo, check_layer_ids, default_layer_ids, resolve_verifier
+from app.services.verifier import VerifierInfo, check_layer_ids, resolve_verifier
 from app.settings import Settings
 
 
@@ -36,46 +40,28 @@ def request_hash(body: BaseModel, scope: str = "") -> str:
 
 
 def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: Settings,
-                 hub: Mapping[str, bytes]) -> dict[str, Any]:
+                 hub: Mapping[str, bytes]) -> JobSpec:
     """Everything the worker needs, resolved once at creation and recorded in the job."""
     verifier = resolve_verifier(body.verifier, settings=settings, hub=hub)
-    speculator = body.speculator.model_dump()
-    init_from = resolve_init_from(session, project_id, body, verifier)
-    if init_from is not None:
-        speculator.update(init_from["shape"])
-        check_layer_ids(speculator["target_layer_ids"], verifier.num_hidden_layers, param="init_from")
-    elif body.speculator.target_layer_ids is None:
-        layer_ids = default_layer_ids(verifier.num_hidden_layers)
-        if layer_ids is None:
-            raise APIError(422, f"the verifier has only {verifier.num_hidden_layers} layers; "
-                           "pass speculator.target_layer_ids explicitly",
-                           code="invalid_layer_ids", param="speculator.target_layer_ids")
-        speculator["target_layer_ids"] = layer_ids
-    else:
-        check_layer_ids(body.speculator.target_layer_ids, verifier.num_hidden_layers,
-                        param="speculator.target_layer_ids")
-    dataset = resolve_for_job(session, project_id, body.dataset, settings)
     runtime = body.runtime or settings.default_runtime
-    spec = body.model_dump(mode="json")
-    spec.update(
-        **dataset,
-        speculator=speculator,
-        evaluate=body.evaluate.model_dump() if body.evaluate is not None else False,
-        data=resolve_data(body, dataset["dataset_kind"], runtime),
-        gate=resolve_gate(body, runtime),
-        runtime=runtime,
-        init_from_info=init_from and init_from["info"],
-        deploy=resolve_deploy(session, project_id, body, verifier.reference),
-        verifier_info={
-            "reference": verifier.reference,
-            "source": verifier.source,
-            "num_hidden_layers": verifier.num_hidden_layers,
-            "hidden_size": verifier.hidden_size,
-            "vocab_size": verifier.vocab_size,
-            "dtype": verifier.dtype,
-        },
-    )
-    return spec
+    warm = resolve_init_from(session, project_id, body, verifier)
+    speculator = warm[0] if warm else resolve_layers(body.speculator, verifier, "speculator")
+    bakeoff = candidates.resolve_candidates(body, speculator, verifier, runtime, settings)
+    if not bakeoff:
+        candidates.check_runtime(speculator, runtime, "speculator")
+    dataset = resolve_for_job(session, project_id, body.dataset, settings)
+    return JobSpec(
+        name=body.name, verifier=body.verifier, dataset=body.dataset, **dataset,
+        verifier_info=JobVerifier(reference=verifier.reference, source=verifier.source,
+                                  num_hidden_layers=verifier.num_hidden_layers,
+                                  hidden_size=verifier.hidden_size,
+                                  vocab_size=verifier.vocab_size, dtype=verifier.dtype),
+        speculator=speculator, bakeoff=bakeoff, mode=body.mode, resources=body.resources,
+        runtime=runtime, publish=body.publish, evaluate=body.evaluate,
+        data=resolve_data(body, speculator, dataset["dataset_kind"], runtime),
+        gate=resolve_gate(body, runtime), metadata=body.metadata, init_from=body.init_from,
+        init_from_info=warm[1] if warm else None,
+        deploy=resolve_deploy(session, project_id, body, verifier.reference))
 
 
 # The draft's shape: a warm start (init_from) takes the checkpoint's.
@@ -83,11 +69,12 @@ SHAPE = ("block_size", "num_layers", "target_layer_ids", "draft_vocab_size")
 
 
 def resolve_init_from(session: Session, project_id: str, body: JobCreate,
-                      verifier: VerifierInfo) -> dict[str, Any] | None:
-    """The warm start's checkpoint (``info``, recorded in the job) and the shape the job
-    inherits from it (``shape``). A checkpoint of another verifier, or a shape named in the
-    body that differs from the checkpoint's, is a 422: the trainer loads the checkpoint's
-    architecture as it is (speculators refuses --num-layers beside --from-pretrained)."""
+                      verifier: VerifierInfo) -> tuple[DrafterBase, WarmStart] | None:
+    """The warm start's drafter (the checkpoint's kind and shape, the body's other settings)
+    and its checkpoint, recorded in the job. A checkpoint of another verifier or kind, or a
+    shape named in the body that differs from the checkpoint's, is a 422: the trainer loads the
+    checkpoint's architecture as it is (speculators refuses --num-layers beside
+    --from-pretrained)."""
     if body.init_from is None:
         return None
     drafter = checkpoint_drafter(session, project_id, body.init_from, param="init_from")
@@ -95,6 +82,12 @@ def resolve_init_from(session: Session, project_id: str, body: JobCreate,
         raise APIError(422, f"checkpoint {body.init_from} was trained for verifier "
                        f"'{drafter.verifier}', not '{verifier.reference}'",
                        code="init_from_incompatible", param="init_from")
+    kind = drafter.drafter.kind
+    asked = body.speculator
+    if "type" in asked.model_fields_set and asked.type != kind:
+        raise APIError(422, f"speculator.type is {asked.type}, but checkpoint {body.init_from} "
+                       f"(init_from) is a {kind} drafter; a warm start keeps its kind: leave "
+                       "type out", code="init_from_incompatible", param="speculator.type")
     config = drafter.config
     layers = (config.get("transformer_layer_config") or {}).get("num_hidden_layers")
     layer_ids = config.get("aux_hidden_state_layer_ids")
@@ -103,24 +96,28 @@ def resolve_init_from(session: Session, project_id: str, body: JobCreate,
                        "transformer_layer_config.num_hidden_layers or aux_hidden_state_layer_ids",
                        code="invalid_drafter", param="init_from")
     vocab = config.get("draft_vocab_size")
-    shape = {"block_size": drafter.block_size, "num_layers": layers,
+    model = KINDS[kind]
+    shape = {"block_size": drafter.drafter.block_size, "num_layers": layers,
              "target_layer_ids": layer_ids,
              # The verifier's whole vocabulary is what a job without draft_vocab_size trains.
              "draft_vocab_size": None if vocab in (None, verifier.vocab_size) else vocab}
+    shape = {k: v for k, v in shape.items() if k in model.model_fields}
     for name in SHAPE:
-        asked = getattr(body.speculator, name)
-        if name in body.speculator.model_fields_set and asked is not None and asked != shape[name]:
-            raise APIError(422, f"speculator.{name} is {asked}, but checkpoint {body.init_from} "
-                           f"(init_from) has {shape[name]}; a warm start keeps the checkpoint's "
-                           "shape: leave it out", code="init_from_incompatible",
+        value = getattr(asked, name, None)
+        if name in asked.model_fields_set and value is not None and value != shape.get(name):
+            raise APIError(422, f"speculator.{name} is {value}, but checkpoint {body.init_from} "
+                           f"(init_from) has {shape.get(name)}; a warm start keeps the "
+                           "checkpoint's shape: leave it out", code="init_from_incompatible",
                            param=f"speculator.{name}")
-    info = {"checkpoint_id": drafter.checkpoint.id, "job_id": drafter.job.id,
-            "epoch": drafter.checkpoint.epoch, "path": drafter.checkpoint.path}
-    return {"shape": shape, "info": info}
+    check_layer_ids(layer_ids, verifier.num_hidden_layers, param="init_from")
+    settings = {k: getattr(asked, k) for k in asked.model_fields_set if k in model.model_fields}
+    resolved = model.model_validate({**settings, **shape, "type": kind})
+    return resolved, WarmStart(checkpoint_id=drafter.checkpoint.id, job_id=drafter.job.id,
+                               epoch=drafter.checkpoint.epoch, path=drafter.checkpoint.path)
 
 
 def resolve_deploy(session: Session, project_id: str, body: JobCreate,
-                   verifier: str) -> dict[str, Any] | None:
+                   verifier: str) -> DeployTarget | None:
     """The deployment a job promotes its evaluated checkpoint to: it must serve the same
     verifier, and the job must evaluate (the gate decides on the evaluation)."""
     if body.deploy is None:
@@ -136,10 +133,11 @@ def resolve_deploy(session: Session, project_id: str, body: JobCreate,
         raise APIError(422, f"deployment {deployment.name} serves verifier "
                        f"'{deployment.spec['verifier']}', not '{verifier}'",
                        code="incompatible_drafter", param="deploy.deployment")
-    return {"deployment": deployment.name, "deployment_id": deployment.id}
+    return DeployTarget(deployment=deployment.name, deployment_id=deployment.id)
 
 
-def resolve_data(body: JobCreate, dataset_kind: str, runtime: str) -> dict[str, Any]:
+def resolve_data(body: JobCreate, speculator: DrafterBase, dataset_kind: str,
+                 runtime: str) -> ResolvedData:
     """The data settings with their defaults filled in: public presets are always regenerated
     (they hold other models' replies, and speculators' prepare-data takes conversations only);
     uploads are regenerated when asked."""
@@ -153,12 +151,12 @@ def resolve_data(body: JobCreate, dataset_kind: str, runtime: str) -> dict[str, 
         data["regenerate"] = True
     data["regenerate"] = bool(data["regenerate"])
     if data["max_tokens"] is None:
-        data["max_tokens"] = max(16, body.speculator.total_seq_len // 2)
+        data["max_tokens"] = max(16, speculator.total_seq_len // 2)
     if data["regenerate"] and runtime == "local" and data["temperature"] != 0:
         raise APIError(422, "the local runtime's engine decodes greedily only: use "
                        "data.temperature 0, or the vllm runtime", code="invalid_value",
                        param="data.temperature")
-    return data
+    return ResolvedData.model_validate(data)
 
 
 # What each gate condition needs the evaluation to measure.
@@ -167,13 +165,13 @@ GATE_NEEDS = {"min_acceptance_length": (None, "the evaluation"),
               "beat_ngram": ("ngram", "the evaluation's n-gram baseline")}
 
 
-def resolve_gate(body: JobCreate, runtime: str) -> dict[str, Any] | None:
+def resolve_gate(body: JobCreate, runtime: str) -> GateSpec | None:
     """The acceptance gate, or None. Unset: on the vllm runtime the drafter must at least not
     slow decoding down (speedup >= 1.0) when the evaluation measures it; none on local."""
     evaluation = body.evaluate
     if body.gate is None:
         if runtime == "vllm" and evaluation is not None and evaluation.baseline:
-            return {"min_acceptance_length": None, "min_speedup": 1.0, "beat_ngram": False}
+            return GateSpec(min_speedup=1.0)
         return None
     gate = body.gate.model_dump()
     for name, (switch, what) in GATE_NEEDS.items():
@@ -182,7 +180,7 @@ def resolve_gate(body: JobCreate, runtime: str) -> dict[str, Any] | None:
         if asked and not measured:
             raise APIError(422, f"gate.{name} needs {what}; enable it in \"evaluate\"",
                            code="invalid_value", param=f"gate.{name}")
-    return gate if any(v not in (None, False) for v in gate.values()) else None
+    return body.gate if any(v not in (None, False) for v in gate.values()) else None
 
 
 def create_job(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
@@ -195,12 +193,13 @@ def create_job(session: Session, project_id: str, body: JobCreate, *, settings: 
     if idempotency_key is not None and (existing := replay(session, project_id, idempotency_key,
                                                              digest)) is not None:
         return existing, False
-    job = Job(project_id=project_id, name=body.name,
-              spec=resolve_spec(session, project_id, body, settings, hub),
+    spec = resolve_spec(session, project_id, body, settings, hub)
+    job = Job(project_id=project_id, name=body.name, spec=spec.dump(),
               idempotency_key=idempotency_key, request_hash=digest)
     try:
         with session.begin_nested():
             state.initialize(session, job, "job created")
+            candidates.add_rows(session, job, spec)
             # In the savepoint: pysqlite commits when it is released, so a refusal must come first.
             quotas.check_active(session, job, settings)
     except IntegrityError:
@@ -292,50 +291,62 @@ def list_metrics(session: Session, job: Job, *, name: str | None,
 
 def list_checkpoints(session: Session, job: Job) -> list[Checkpoint]:
     return list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id)
-                                .order_by(Checkpoint.epoch)))
+                                .order_by(Checkpoint.candidate, Checkpoint.epoch)))
 
 
-def training_progress(session: Session, jobs: list[Job]) -> dict[str, JobProgress]:
-    """Each job's progress, from its first and latest training metric rows (the lowest and
-    highest id among the rows with a step and an epoch: the trainer's training lines;
-    validation rows have no step, data regeneration rows no epoch). One query for all of them;
-    a job without one is left out."""
+def training_progress(session: Session, jobs: list[Job],
+                      rows: dict[str, list[JobCandidate]]) -> dict[str, JobProgress]:
+    """Each job's progress, from its latest training metric row and the first of the same
+    candidate (the rows with a step and an epoch: the trainer's training lines; validation rows
+    have no step, data regeneration rows no epoch). One query for all of them; a job without
+    one is left out. ``rows``: the jobs' candidates (``candidates.rows_of``)."""
     if not jobs:
         return {}
-    # Per job, a correlated min(id) and max(id): each read on ix_job_metrics_job_id_id, it
-    # stops at the job's first or newest training row however many rows the job has.
-    row = aliased(JobMetric)
+    # Per job, a correlated max(id) and the min(id) of its candidate: each read on
+    # ix_job_metrics_job_id_id, it stops at the row it looks for however many the job has.
+    row, newest, first_row = aliased(JobMetric), aliased(JobMetric), aliased(JobMetric)
     training = (row.job_id == Job.id, row.step.is_not(None), row.epoch.is_not(None))
-    ends = [select(func.min(row.id)).where(*training).scalar_subquery(),
-            select(func.max(row.id)).where(*training).scalar_subquery()]
-    wanted = [select(end).where(Job.id.in_([job.id for job in jobs])) for end in ends]
-    rows = session.execute(
-        select(JobMetric.job_id, JobMetric.id, JobMetric.epoch, JobMetric.step,
-               JobMetric.created_at)
+    latest_id = select(func.max(row.id)).where(*training).scalar_subquery()
+    candidate = select(newest.candidate).where(newest.id == latest_id).scalar_subquery()
+    first_id = select(func.min(first_row.id)).where(
+        first_row.job_id == Job.id, first_row.step.is_not(None), first_row.epoch.is_not(None),
+        first_row.candidate == candidate).scalar_subquery()
+    wanted = [select(end).where(Job.id.in_([job.id for job in jobs]))
+              for end in (first_id, latest_id)]
+    found = session.execute(
+        select(JobMetric.job_id, JobMetric.id, JobMetric.candidate, JobMetric.epoch,
+               JobMetric.step, JobMetric.created_at)
         .where(JobMetric.id.in_(wanted[0].union(wanted[1]))).order_by(JobMetric.id))
     first: dict[str, Any] = {}
     latest: dict[str, Any] = {}
-    for r in rows:
+    for r in found:
         first.setdefault(r.job_id, r)
         latest[r.job_id] = r
-    return {job.id: progress_of(job, first[job.id], latest[job.id])
+    return {job.id: progress_of(job, rows[job.id], first[job.id], latest[job.id])
             for job in jobs if job.id in latest}
 
 
 AFTER_TRAINING = frozenset({Stage.EVALUATING, Stage.PUBLISHING, Stage.DEPLOYING})
 
 
-def progress_of(job: Job, first: Any, latest: Any) -> JobProgress:
-    """Steps done of all, percent and time left, from two training rows (step, created_at)."""
-    epochs = job.spec["speculator"]["epochs"]
+def progress_of(job: Job, candidates: list[JobCandidate], first: Any, latest: Any
+                ) -> JobProgress:
+    """Steps done of all, percent and time left, from two training rows (step, created_at) of
+    the candidate training now."""
+    spec = JobSpec.load(job.spec)
+    index = latest.candidate if latest.candidate < len(spec.candidates) else 0
+    epochs = spec.candidate(index).drafter.epochs
+    row = next((c for c in candidates if c.idx == index), None)
+    steps_per_epoch = (row.steps_per_epoch if row is not None else None) or job.steps_per_epoch
     done = latest.step + 1
-    total = job.steps_per_epoch * epochs if job.steps_per_epoch else None
+    total = steps_per_epoch * epochs if steps_per_epoch else None
     percent = eta = None
     if total:
-        # Training ended (a later stage, or success): every step is done, even where an epoch
-        # had fewer steps than the first.
-        done = total if job.stage in AFTER_TRAINING or job.status == JobStatus.SUCCEEDED else min(
-            done, total)
+        # Training ended (a later stage, the candidate trained, success): every step is done,
+        # even where an epoch had fewer steps than the first.
+        trained = row is not None and row.status not in ("pending", "training")
+        ended = job.stage in AFTER_TRAINING or job.status == JobStatus.SUCCEEDED or trained
+        done = total if ended else min(done, total)
         percent = round(100 * done / total, 1)
         elapsed = (latest.created_at - first.created_at).total_seconds()
         if done == total:
@@ -343,30 +354,41 @@ def progress_of(job: Job, first: Any, latest: Any) -> JobProgress:
         elif latest.step > first.step and elapsed > 0:
             eta = round((total - done) * elapsed / (latest.step - first.step), 1)
     # The trainer counts epochs from 0; "epoch" here counts from 1 (JobProgress.epoch).
-    return JobProgress(epoch=latest.epoch + 1, epochs=epochs, step=latest.step, steps_done=done,
+    return JobProgress(candidate=spec.candidate(index).name if spec.is_bakeoff else None,
+                       epoch=latest.epoch + 1, epochs=epochs, step=latest.step, steps_done=done,
                        total_steps=total, percent=percent, eta_seconds=eta)
 
 
 def job_outs(session: Session, jobs: list[Job]) -> list[JobOut]:
-    """The answers for a page of jobs: their progress read in one query."""
-    progress = training_progress(session, jobs)
-    return [job_out(job, progress.get(job.id)) for job in jobs]
+    """The answers for a page of jobs: their candidates, checkpoints and progress read in one
+    query each."""
+    rows = candidates.rows_of(session, jobs)
+    checkpoints = candidates.checkpoints_of(session, jobs)
+    progress = training_progress(session, jobs, rows)
+    return [job_out(job, progress.get(job.id), rows[job.id], checkpoints) for job in jobs]
 
 
-def job_out(job: Job, progress: JobProgress | None) -> JobOut:
-    """The one place a JobOut is built; ``progress`` from ``training_progress``."""
-    spec = job.spec
+def job_out(job: Job, progress: JobProgress | None, rows: list[JobCandidate],
+            checkpoints: dict[tuple[str, int], list[str]]) -> JobOut:
+    """The one place a JobOut is built; ``progress`` from ``training_progress``, ``rows`` and
+    ``checkpoints`` from ``app.services.candidates``."""
+    spec = JobSpec.load(job.spec)
+    leaderboard = (job.evaluation or {}).get("leaderboard") or {}
     return JobOut(
         id=job.id, name=job.name, status=job.status, stage=job.stage,
         status_reason=job.status_reason,
         error_code=job.error_code, served_acceptance_length=job.served_acceptance_length,
         progress=progress, stage_progress=stage_progress_of(job.stage_progress),
-        verifier=spec["verifier"], dataset=spec["dataset"],
-        speculator=spec["speculator"], mode=spec["mode"], resources=spec["resources"],
-        runtime=spec["runtime"], publish=spec.get("publish"),
-        evaluate=evaluation_settings(spec) or False, data=data_settings(spec),
-        gate=spec.get("gate"), init_from=spec.get("init_from"), deploy=spec.get("deploy"),
-        evaluation=job.evaluation, metadata=spec.get("metadata", {}),
+        verifier=spec.verifier, dataset=spec.dataset,
+        speculator=spec.speculator.model_dump(), mode=spec.mode,
+        resources=spec.resources.model_dump(), runtime=spec.runtime, publish=spec.publish,
+        evaluate=spec.evaluate.model_dump() if spec.evaluate else False,
+        data=spec.data.model_dump(), gate=spec.gate.model_dump() if spec.gate else None,
+        init_from=spec.init_from, deploy=spec.deploy.model_dump() if spec.deploy else None,
+        candidates=[candidates.candidate_out(row, spec, checkpoints.get((job.id, row.idx), []))
+                    for row in rows],
+        winner=leaderboard.get("winner"),
+        evaluation=job.evaluation, metadata=spec.metadata,
         attempt=job.attempt, worker=job.worker_id, allocation=job.allocation,
         created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at,
@@ -403,7 +425,7 @@ UNKNOWN_JOB_ID = "<job_id>"
 def job_plan(job: Job, settings: Settings) -> dict[str, Any]:
     placed = job.allocation or {}
     gpus = (placed["verifier"], placed["trainer"]) if "verifier" in placed else None
-    return _plan(job.spec, settings, job.id, gpus)
+    return _plan(JobSpec.load(job.spec), settings, job.id, gpus)
 
 
 def dry_run_plan(session: Session, project_id: str, body: JobCreate, *, settings: Settings,
@@ -414,7 +436,7 @@ def dry_run_plan(session: Session, project_id: str, body: JobCreate, *, settings
     return _plan(resolve_spec(session, project_id, body, settings, hub), settings, None, None)
 
 
-def _plan(spec: dict[str, Any], settings: Settings, job_id: str | None,
+def _plan(spec: JobSpec, settings: Settings, job_id: str | None,
           gpus: tuple[list[int], list[int]] | None) -> dict[str, Any]:
     plan = build_plan(spec, JobPaths.for_job(settings, job_id or UNKNOWN_JOB_ID), gpus=gpus)
     return {
@@ -422,6 +444,7 @@ def _plan(spec: dict[str, Any], settings: Settings, job_id: str | None,
         "runtime": plan.runtime,
         "layer_ids": {"verifier_server": plan.server_layer_ids, "trainer": plan.trainer_layer_ids},
         "gpus": {"verifier": plan.verifier_gpus, "trainer": plan.trainer_gpus},
-        "stages": [{"stage": s.stage, "description": s.description, "argv": s.argv,
-                    "env": s.redacted_env(), "gpus": s.gpus} for s in plan.stages],
+        "stages": [{"stage": s.stage, "candidate": s.candidate, "description": s.description,
+                    "argv": s.argv, "env": s.redacted_env(), "gpus": s.gpus}
+                   for s in plan.stages],
     }

@@ -33,13 +33,14 @@ from app.services.state import (
 from app.services.webhooks import enqueue
 
 # The deployment spec's fields that name its drafter: what a promotion changes.
-DRAFTER_FIELDS = ("source", "drafter", "block_size", "num_speculative_tokens")
+DRAFTER_FIELDS = ("source", "drafter", "kind", "block_size", "num_speculative_tokens")
 # A promotion is picked up by the worker that serves the deployment.
 SERVING = (DeploymentStatus.STARTING.value, DeploymentStatus.READY.value)
 
 
 def drafter_of(spec: dict[str, Any]) -> dict[str, Any]:
-    return {name: spec[name] for name in DRAFTER_FIELDS}
+    """Its drafter's fields (DFlash for a deployment made before kinds were recorded)."""
+    return {"kind": "dflash", **{name: spec[name] for name in DRAFTER_FIELDS if name in spec}}
 
 
 def serving_deployment(session: Session, project_id: str, name: str) -> Deployment | None:
@@ -53,14 +54,14 @@ def serving_deployment(session: Session, project_id: str, name: str) -> Deployme
 def checkpoint_target(session: Session, deployment: Deployment, checkpoint_id: str, *,
                       param: str) -> dict[str, Any]:
     """The drafter fields of a deployment serving checkpoint ``checkpoint_id`` of its project;
-    422 when it is not a DFlash drafter for the deployment's verifier."""
+    422 when it is not a drafter for the deployment's verifier."""
     drafter = checkpoint_drafter(session, deployment.project_id, checkpoint_id, param=param)
     if drafter.verifier != deployment.spec["verifier"]:
         raise APIError(422, f"checkpoint {checkpoint_id} was trained for verifier "
                        f"'{drafter.verifier}', and deployment {deployment.name} serves "
                        f"'{deployment.spec['verifier']}'", code="incompatible_drafter", param=param)
     return {"source": drafter.source(), "drafter": drafter.checkpoint.path,
-            "block_size": drafter.block_size, "num_speculative_tokens": drafter.block_size - 1}
+            **drafter.drafter.serving()}
 
 
 def _active(session: Session, deployment: Deployment) -> Promotion | None:

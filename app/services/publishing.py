@@ -35,13 +35,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from app.schemas.drafters import KINDS
+
 # The files a server needs, in upload order. Nothing else in a checkpoint is ever published.
 SERVED_FILES = ("config.json", "model.safetensors")
 CARD_FILE = "README.md"
 PUBLISHED_FILES = (*SERVED_FILES, CARD_FILE)
 
+# How a card names each kind.
+KIND_NAMES = {"dflash": "DFlash", "dflash2": "DFlash 2", "dspark": "DSpark", "eagle3": "EAGLE-3"}
+KIND_LINKS = {"dflash": "[DFlash](https://arxiv.org/abs/2602.06036)", "dflash2": "DFlash 2",
+              "dspark": "DSpark", "eagle3": "[EAGLE-3](https://arxiv.org/abs/2503.01840)"}
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-CARD_TAGS = ("speculative-decoding", "dflash", "speculators", "draft-model", "specdeck")
+CARD_TAGS = ("speculative-decoding", "speculators", "draft-model", "specdeck")  # and the kind
 LIBRARY_NAME = "speculators"
 MIN_VLLM = "0.20"
 
@@ -71,11 +77,14 @@ def is_hub_id(reference: str) -> bool:
             and ".." not in reference.split("/"))
 
 
-def vllm_serve_command(verifier: str, repo_id: str, block_size: int) -> str:
-    """The exact command that serves the published draft with its verifier (vLLM >= 0.20)."""
-    if block_size < 2:
-        raise ValueError(f"block_size must be at least 2, got {block_size}")
-    spec = json.dumps({"method": "dflash", "model": repo_id, "num_speculative_tokens": block_size - 1})
+def vllm_serve_command(verifier: str, repo_id: str, num_speculative_tokens: int,
+                       kind: str = "dflash") -> str:
+    """The exact command that serves the published draft with its verifier (vLLM >= 0.20): its
+    kind's method (DFlash 2 is served under dflash) and its draft length."""
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be at least 1, got {num_speculative_tokens}")
+    spec = json.dumps({"method": KINDS[kind].vllm_method, "model": repo_id,
+                       "num_speculative_tokens": num_speculative_tokens})
     return f"vllm serve {shlex.quote(verifier)} --speculative-config {shlex.quote(spec)}"
 
 
@@ -119,26 +128,29 @@ def render_model_card(
     checkpoint_config: dict,
     verifier: str,
     layer_ids,
-    block_size: int,
-    draft_vocab_size: int,
+    block_size: int | None,
+    draft_vocab_size: int | None,
     dataset_summary: dict,
     metrics: dict,
     evaluation: dict | None,
+    kind: str = "dflash",
+    num_speculative_tokens: int | None = None,
 ) -> str:
-    """A Hugging Face model card (README.md) for a DFlash drafter.
+    """A Hugging Face model card (README.md) for a drafter of ``kind`` (DFlash unless named).
 
     Deterministic: the same inputs give the same bytes (no timestamps), which is what lets a
     second publish with nothing changed make no commit.
     """
     layer_ids = [int(i) for i in layer_ids]
-    block_size, draft_vocab_size = int(block_size), int(draft_vocab_size)
-    command = vllm_serve_command(verifier, repo_id, block_size)
+    tokens = num_speculative_tokens or int(block_size or 2) - 1
+    command = vllm_serve_command(verifier, repo_id, tokens, kind)
     hub_verifier = is_hub_id(verifier)
+    about = KINDS[kind]
 
     front: dict[str, Any] = {"library_name": LIBRARY_NAME}
     if hub_verifier:
         front["base_model"] = verifier
-    front["tags"] = list(CARD_TAGS)
+    front["tags"] = [CARD_TAGS[0], kind, *CARD_TAGS[1:]]
     import yaml  # a declared dependency; imported lazily to keep module import cheap
 
     yaml_text = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip()
@@ -147,12 +159,14 @@ def render_model_card(
     spec_config = checkpoint_config.get("speculators_config") or {}
     verifier_archs = (spec_config.get("verifier") or {}).get("architectures") or []
     draft = {
+        "Kind": kind,
         "Verifier": f"`{verifier}`",
         "Aux hidden-state layer ids": layer_ids,
         "Block size": block_size,
-        "Speculative tokens per step": block_size - 1,
+        "Speculative tokens per step": tokens,
         "Draft vocabulary size": draft_vocab_size,
     }
+    draft = {k: v for k, v in draft.items() if v is not None}
     optional = {
         "Verifier architecture": ", ".join(verifier_archs) if verifier_archs else None,
         "Draft layers": layer_config.get("num_hidden_layers"),
@@ -168,12 +182,12 @@ def render_model_card(
     parts = [
         f"---\n{yaml_text}\n---",
         f"# {name}",
-        f"A [DFlash](https://arxiv.org/abs/2602.06036) speculative-decoding draft model for "
-        f"`{verifier}`, trained with SpecDeck using the "
+        f"A {KIND_LINKS[kind]} speculative-decoding draft model for `{verifier}` "
+        f"({about.summary.split(': ', 1)[1]}), trained with SpecDeck using the "
         f"[speculators](https://github.com/vllm-project/speculators) trainer. The draft proposes "
-        f"{block_size - 1} tokens per step in one forward pass, conditioned on hidden states from "
-        f"layers {', '.join(map(str, layer_ids))} of the verifier; the verifier checks them, so "
-        f"the output is the verifier's own (lossless).",
+        f"{tokens} tokens per step, conditioned on hidden states from layers "
+        f"{', '.join(map(str, layer_ids))} of the verifier; the verifier checks them, so the "
+        f"output is the verifier's own (lossless).",
         "## Draft model\n\n" + _table(draft, ("Property", "Value")),
         "## Serve with vLLM\n\n"
         f"Requires vLLM >= {MIN_VLLM}. This serves the verifier with this draft:\n\n"
@@ -243,13 +257,23 @@ def checkpoint_card_fields(checkpoint_dir: str | Path) -> dict[str, Any]:
         raise PublishError(f"cannot read {directory / 'config.json'}: {type(exc).__name__}") from exc
     spec = config.get("speculators_config") or {}
     verifier = (spec.get("verifier") or {}).get("name_or_path")
+    kind = config.get("speculators_model_type")
+    if kind is not None and kind not in KINDS:
+        raise PublishError(f"{directory / 'config.json'} is a {kind} speculators config, a kind "
+                           f"SpecDeck does not publish ({', '.join(KINDS)})")
+    kind = kind or "dflash"  # what a config without its kind is checked as
+    methods = spec.get("proposal_methods") or [{}]
+    tokens = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    block = kind != "eagle3"  # the DFlash family drafts blocks
     missing = [k for k, v in (("speculators_config.verifier.name_or_path", verifier),
                               ("aux_hidden_state_layer_ids", config.get("aux_hidden_state_layer_ids")),
-                              ("block_size", config.get("block_size")),
+                              ("block_size", config.get("block_size") if block else 0),
+                              # DFlash's draft length is its block's
+                              ("speculative_tokens", tokens if kind != "dflash" else 0),
                               ("draft_vocab_size", config.get("draft_vocab_size"))) if v is None]
     if missing:
-        raise PublishError(f"{directory / 'config.json'} is not a DFlash speculators config "
-                           f"(missing {', '.join(missing)})")
+        raise PublishError(f"{directory / 'config.json'} is not a {KIND_NAMES[kind]} speculators "
+                           f"config (missing {', '.join(missing)})")
     metrics: dict[str, Any] = {}
     for name in ("training_state.json", "val_metrics.json"):
         with contextlib.suppress(OSError, json.JSONDecodeError):
@@ -258,10 +282,11 @@ def checkpoint_card_fields(checkpoint_dir: str | Path) -> dict[str, Any]:
                 if name == "training_state.json":
                     data = {k: data[k] for k in ("epoch", "global_step") if k in data}
                 metrics.update(data)
-    return {"checkpoint_config": config, "verifier": verifier,
+    return {"checkpoint_config": config, "verifier": verifier, "kind": kind,
             "layer_ids": list(config["aux_hidden_state_layer_ids"]),
-            "block_size": int(config["block_size"]), "draft_vocab_size": int(config["draft_vocab_size"]),
-            "metrics": metrics}
+            "block_size": int(config["block_size"]) if block else None,
+            "num_speculative_tokens": int(tokens) if tokens else int(config["block_size"]) - 1,
+            "draft_vocab_size": int(config["draft_vocab_size"]), "metrics": metrics}
 
 
 # ---------------------------------------------------------------------------------------------

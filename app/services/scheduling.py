@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app.db.models import Allocation, Deployment, Job, Worker
+from app.runtimes import trainer_gpu_count
+from app.schemas.job_spec import JobSpec
 from app.services.dispatch import kick
 from app.services.state import MACHINES, record_event
 from app.services.workers import heartbeat_cutoff
@@ -54,15 +56,14 @@ class Need:
 
 
 def need(obj: Job | Deployment) -> Need:
-    spec = obj.spec
-    if spec["runtime"] != "vllm":
+    if obj.spec["runtime"] != "vllm":
         return Need("serving" if isinstance(obj, Deployment) else "slot", 0, 0)
-    res = spec["resources"]
     if isinstance(obj, Deployment):
-        return Need("gpu", res["tensor_parallel_size"], 0)
-    verifier = res["verifier"]["tensor_parallel_size"] * res["verifier"]["data_parallel_size"]
-    # Sharing the verifier's GPUs (one GPU, a memory split), the trainer needs none of its own.
-    return Need("gpu", verifier, 0 if res.get("share_verifier_gpus") else res["trainer_gpus"])
+        return Need("gpu", obj.spec["resources"]["tensor_parallel_size"], 0)
+    spec = JobSpec.load(obj.spec)
+    # Sharing the verifier's GPUs (one GPU, a memory split), the trainer needs none of its own;
+    # a bake-off trained side by side, one set per candidate.
+    return Need("gpu", spec.verifier_gpu_count, trainer_gpu_count(spec))
 
 
 def alive_workers(session: Session, settings: Settings) -> list[Worker]:

@@ -16,7 +16,16 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.db.models import Allocation, Deployment, DeploymentEvent, Job, JobEvent, Promotion, utcnow
+from app.db.models import (
+    Allocation,
+    Deployment,
+    DeploymentEvent,
+    Job,
+    JobCandidate,
+    JobEvent,
+    Promotion,
+    utcnow,
+)
 
 
 class JobStatus(StrEnum):
@@ -52,6 +61,58 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.CANCELLED: frozenset(),
 }
 
+
+class CandidateStatus(StrEnum):
+    """Where one of a job's drafters is: trained one after another (or side by side), then
+    served together in the evaluation."""
+
+    PENDING = "pending"  # not trained yet
+    TRAINING = "training"
+    TRAINED = "trained"  # its checkpoints are saved; the evaluation serves it next
+    EVALUATED = "evaluated"  # served: its figures and rank are in ``evaluation``
+    FAILED = "failed"  # its trainer or its engine failed: the reason and log tail say why
+    STOPPED = "stopped"  # the job ended before it was done (cancelled, or the job failed)
+
+
+CANDIDATE_TRANSITIONS: dict[CandidateStatus, frozenset[CandidateStatus]] = {
+    # pending -> trained: its checkpoints were all saved already (an earlier attempt's).
+    CandidateStatus.PENDING: frozenset({CandidateStatus.TRAINING, CandidateStatus.TRAINED,
+                                        CandidateStatus.FAILED, CandidateStatus.STOPPED}),
+    # training -> training: another attempt resumes it (a lost worker); -> pending: handed back.
+    CandidateStatus.TRAINING: frozenset({CandidateStatus.TRAINING, CandidateStatus.PENDING,
+                                         CandidateStatus.TRAINED, CandidateStatus.FAILED,
+                                         CandidateStatus.STOPPED}),
+    # trained -> trained: its checkpoints synced again by another attempt.
+    CandidateStatus.TRAINED: frozenset({CandidateStatus.TRAINED, CandidateStatus.EVALUATED,
+                                        CandidateStatus.FAILED, CandidateStatus.STOPPED}),
+    CandidateStatus.EVALUATED: frozenset({CandidateStatus.EVALUATED}),
+    CandidateStatus.FAILED: frozenset(),
+    CandidateStatus.STOPPED: frozenset(),
+}
+CANDIDATE_FINAL = frozenset({CandidateStatus.EVALUATED, CandidateStatus.FAILED,
+                             CandidateStatus.STOPPED})
+
+
+def move_candidate(session: Session, job: Job, candidate: JobCandidate, to: CandidateStatus,
+                   message: str, *, reason: str | None = None, error_code: str | None = None,
+                   columns: dict[str, Any] | None = None, data: dict[str, Any] | None = None
+                   ) -> None:
+    """Move one of the job's candidates to ``to``, checking the table (compare-and-set on the
+    status the caller saw), and record it as an event of the job (kind ``candidate``)."""
+    current = CandidateStatus(candidate.status)
+    if to not in CANDIDATE_TRANSITIONS[current]:
+        raise IllegalTransition(f"{candidate.id}: {current} -> {to} is not allowed")
+    values: dict[str, Any] = {"status": to.value, "updated_at": utcnow(), "status_reason": reason,
+                              "error_code": error_code, **(columns or {})}
+    stmt = update(JobCandidate).where(JobCandidate.id == candidate.id,
+                                      JobCandidate.status == current.value)
+    if session.execute(stmt.values(**values)).rowcount != 1:
+        raise StaleJob(f"{candidate.id} changed (expected status {current})")
+    for name, value in values.items():
+        set_committed_value(candidate, name, value)
+    record_event(session, job, "candidate", message,
+                 {"candidate": candidate.name, "index": candidate.idx, "kind": candidate.kind,
+                  "status": to.value, **({"reason": reason} if reason else {}), **(data or {})})
 
 
 class DeploymentStatus(StrEnum):
@@ -166,6 +227,13 @@ def transition(
         raise StaleJob(f"{obj.id} changed (expected status {current})")
     if releases:
         session.execute(delete(Allocation).where(getattr(Allocation, machine.owner) == obj.id))
+    if isinstance(obj, Job) and to in (JobStatus.FAILED, JobStatus.CANCELLED):
+        # Its drafters still waiting or training stop with it (a trained one stays trained).
+        session.execute(update(JobCandidate).where(
+            JobCandidate.job_id == obj.id,
+            JobCandidate.status.in_([CandidateStatus.PENDING.value, CandidateStatus.TRAINING.value]))
+            .values(status=CandidateStatus.STOPPED.value, updated_at=now,
+                    status_reason=f"the job {to.value}" + (f": {reason}" if reason else "")))
     for name, value in values.items():
         set_committed_value(obj, name, value)
 

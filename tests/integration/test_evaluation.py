@@ -29,17 +29,19 @@ class NothingMayRun:
 def test_a_checkpoint_with_its_evaluation_is_not_evaluated_again(pg_api: Api, pg_stack: Stack,
                                                                   pg_job_body) -> None:
     from app.db import session_scope
-    from app.db.models import Checkpoint, Job
+    from app.db.models import Checkpoint, Job, JobCandidate
+    from app.schemas.job_spec import JobSpec
     from workers.pipeline.evaluate import evaluate
 
     job_id = pg_api.post("/api/jobs", json=pg_job_body(evaluate={"prompts": 8, "baseline": False, "ngram": False})).json()["id"]
     with session_scope() as session:
-        spec = session.get(Job, job_id).spec
+        spec = JobSpec.load(session.get(Job, job_id).spec)
+        session.query(JobCandidate).filter_by(job_id=job_id).one().status = "trained"
         older = Checkpoint(job_id=job_id, epoch=0, path="/w/0")
         best = Checkpoint(job_id=job_id, epoch=1, path="/w/1", is_best=True)
         session.add_all([older, best])
         session.flush()
-        recorded = {**EVALUATION, "checkpoint_id": best.id}
+        recorded = {**EVALUATION, "checkpoint_id": best.id, "rounds": 3}
         best.evaluation = recorded
         best_id = best.id
 
@@ -53,20 +55,24 @@ def test_a_checkpoint_with_its_evaluation_is_not_evaluated_again(pg_api: Api, pg
 
 
 SETTINGS = {"prompts": 8, "max_tokens": 64, "baseline": False, "ngram": False,
-            "checkpoints": "best"}
+            "checkpoints": "best", "rounds": 3}
 
 
 @pytest.mark.parametrize("change", [{"checkpoint_id": "ckpt_another"}, {"max_tokens": 32},
-                                    {"requested_prompts": 4}, {"checkpoints": "last:2"}])
+                                    {"requested_prompts": 4}, {"checkpoints": "last:2"},
+                                    {"rounds": 1}])
 def test_an_evaluation_of_something_else_does_not_count(change: dict[str, Any]) -> None:
     from app.db.models import Checkpoint
+    from app.schemas.jobs import EvaluateSpec
     from workers.pipeline.evaluate import _already_evaluated
 
-    checkpoint = Checkpoint(id="ckpt_1", evaluation=EVALUATION)
-    assert _already_evaluated(checkpoint, SETTINGS)
-    checkpoint.evaluation = {**EVALUATION, **change}
-    assert not _already_evaluated(checkpoint, SETTINGS)
+    settings = EvaluateSpec(**SETTINGS)
+    measured = {**EVALUATION, "rounds": 3}
+    checkpoint = Checkpoint(id="ckpt_1", evaluation=measured)
+    assert _already_evaluated(checkpoint, settings)
+    checkpoint.evaluation = {**measured, **change}
+    assert not _already_evaluated(checkpoint, settings)
     # Asked for a baseline now, evaluated without it then: evaluated again.
-    checkpoint.evaluation = EVALUATION
-    assert not _already_evaluated(checkpoint, {**SETTINGS, "baseline": True})
-    assert not _already_evaluated(checkpoint, {**SETTINGS, "ngram": True})
+    checkpoint.evaluation = measured
+    assert not _already_evaluated(checkpoint, EvaluateSpec(**{**SETTINGS, "baseline": True}))
+    assert not _already_evaluated(checkpoint, EvaluateSpec(**{**SETTINGS, "ngram": True}))

@@ -95,12 +95,13 @@ def test_cancel_queued_job_is_immediate_and_idempotent(api: Api, job_body) -> No
 
 def test_plan_uses_the_same_builder_as_the_worker(api: Api, job_body, stack: Stack) -> None:
     from app.runtimes import JobPaths, build_plan
+    from app.schemas.job_spec import JobSpec
     from app.settings import get_settings
 
     job = api.post("/api/jobs", json=job_body()).json()
     plan = api.get(f"/api/jobs/{job['id']}/plan").json()
     assert plan["layer_ids"] == {"verifier_server": [2, 4, 5, 8], "trainer": [2, 4, 5]}
-    spec = stack_spec(stack, job["id"])
+    spec = JobSpec.load(stack_spec(stack, job["id"]))
     expected = build_plan(spec, JobPaths.for_job(get_settings(), job["id"]))
     assert [s["argv"] for s in plan["stages"]] == [s.argv for s in expected.stages]
 
@@ -124,7 +125,7 @@ def stack_spec(stack: Stack, job_id: str) -> dict:
     ({"speculator": {"target_layer_ids": [2, 4, 8]}}, "invalid_layer_ids", "speculator.target_layer_ids"),
     ({"speculator": {"epochs": 0}}, "invalid_value", "speculator.epochs"),
     ({"speculator": {"epochs": -3}}, "invalid_value", "speculator.epochs"),
-    ({"speculator": {"type": "eagle3"}}, "invalid_value", "speculator.type"),
+    ({"speculator": {"type": "medusa"}}, "invalid_value", "speculator.type"),
     ({"mode": "sideways"}, "invalid_value", "mode"),
     ({"verifier": "../models/tiny"}, "invalid_path", "verifier"),
     ({"verifier": "tiny/../../etc"}, "invalid_path", "verifier"),

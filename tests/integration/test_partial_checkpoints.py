@@ -21,7 +21,8 @@ def checkpoints(api: Api, job_id: str) -> list[dict[str, Any]]:
 
 def test_a_checkpoint_saved_mid_epoch_is_partial_until_the_epoch_ends(api: Api, stack: Stack) -> None:
     from app.db import session_scope
-    from workers.pipeline.evaluate import candidates
+    from app.schemas.jobs import EvaluateSpec
+    from workers.pipeline.evaluate import chosen
     from workers.pipeline.training import record_partial, upsert_checkpoint
     from workers.publish import best_checkpoint
 
@@ -42,9 +43,9 @@ def test_a_checkpoint_saved_mid_epoch_is_partial_until_the_epoch_ends(api: Api, 
         session.execute(sa.text(
             "UPDATE checkpoints SET is_best = false WHERE job_id = :id"), {"id": job_id})
         assert best_checkpoint(session, job_id).epoch == 0
-        settings = {"prompts": 1, "max_tokens": 8, "baseline": False, "ngram": False,
-                    "checkpoints": "last:2"}
-        assert [c.epoch for c in candidates(session, job_id, settings)] == [0]
+        settings = EvaluateSpec(prompts=1, max_tokens=8, baseline=False, ngram=False,
+                                checkpoints="last:2")
+        assert [c.epoch for c in chosen(session, job_id, 0, settings)] == [0]
         # Training resumed and finished epoch 1: its own checkpoint replaces the partial one.
         upsert_checkpoint(session, job_id, 1, "/ck/1", "w2", best=True)
     assert [(c["epoch"], c["path"], c["partial"], c["is_best"]) for c in checkpoints(api, job_id)] == [

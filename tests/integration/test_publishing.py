@@ -170,10 +170,11 @@ def test_card_of_a_checkpoint_shows_its_recorded_evaluation(checkpoint: Path) ->
     """workers/publish.py card(): what the publishing stage uploads, from the database rows."""
     from app.db.models import Checkpoint, Job
     from tests.unit.test_evaluate import EVALUATION as RECORDED
+    from tests.unit.test_runtimes import ROW
     from workers.publish import card
 
-    job = Job(spec={"verifier": VERIFIER, "dataset": "ds_1", "dataset_format": "conversations",
-                    "mode": "online"})
+    job = Job(spec={**ROW, "verifier": VERIFIER, "dataset": "ds_1",
+                    "dataset_format": "conversations", "mode": "online"})
     unevaluated = card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=None), job, REPO_ID)
     assert "Not evaluated yet" in unevaluated
     text = card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=RECORDED), job, REPO_ID)

@@ -13,8 +13,8 @@ from workers.runner import JobContext, PipelineStage
 
 
 def run_child(ctx: JobContext) -> None:
-    meta = ctx.spec.get("metadata", {})
-    ctx.event("test_allocation", "what the worker was given", {"allocation": ctx.spec.get("allocation")})
+    meta = ctx.spec.metadata
+    ctx.event("test_allocation", "what the worker was given", {"allocation": ctx.spec.allocation})
     argv = [sys.executable, "-m", "tests.support.child", "--seconds", meta.get("test_seconds", "1")]
     if meta.get("test_pid_dir"):
         argv += ["--pid-file", f"{meta['test_pid_dir']}/{ctx.job_id}-{ctx.lease.attempt}.pid"]

@@ -12,17 +12,17 @@ import pytest
 
 from app.services.publishing import evaluation_card_rows
 from tests.unit.test_runtimes import PATHS, SPEC, spec
-from workers.pipeline.evaluate import (
-    FirstTurn,
-    SpecDecodeCounters,
-    acceptance,
-    first_turn,
-    last_conversations,
-    match_prompts,
-    parse_counters,
-    summary,
+from workers.pipeline.counters import SpecDecodeCounters, acceptance, parse_counters
+from workers.pipeline.evaluate import summary
+from workers.pipeline.held_out import FirstTurn, first_turn, last_conversations, match_prompts
+from app.runtimes import (
+    EVALUATION_MODEL,
+    EngineKind,
+    ServeSpec,
+    build_plan,
+    build_serve,
+    evaluation_command,
 )
-from app.runtimes import EVALUATION_MODEL, build_plan, build_serve, evaluation_command
 
 # What vLLM's /metrics looks like: counters with a _total suffix, one series per engine.
 VLLM_METRICS = """\
@@ -160,11 +160,11 @@ def test_last_conversations_fallback(tmp_path: Path) -> None:
 @pytest.mark.parametrize("runtime", ["vllm", "local"])
 def test_the_engine_is_a_deployments_serving_command(runtime: str) -> None:
     job = spec(runtime=runtime)
-    command = evaluation_command(job, "/w/job/checkpoints/2", port=9001, gpus=[0, 1, 2, 3],
-                                 api_key="secret-key")
-    deployment = build_serve({"verifier": "Qwen/Qwen3-8B", "drafter": "/w/job/checkpoints/2",
-                              "num_speculative_tokens": 15, "runtime": runtime,
-                              "resources": {"tensor_parallel_size": 2}},
+    command = evaluation_command(job, EngineKind.of(job, job.candidates[0]), "/w/job/checkpoints/2",
+                                 port=9001, gpus=[0, 1, 2, 3], api_key="secret-key")
+    deployment = build_serve(ServeSpec(verifier="Qwen/Qwen3-8B", drafter="/w/job/checkpoints/2",
+                                       num_speculative_tokens=15, runtime=runtime,
+                                       tensor_parallel_size=2),
                              EVALUATION_MODEL, port=9001, host="127.0.0.1", gpus=[0, 1],
                              api_key="secret-key")
     assert command.argv == deployment.argv and command.env == deployment.env
@@ -175,6 +175,16 @@ def test_the_engine_is_a_deployments_serving_command(runtime: str) -> None:
         assert command.env["CUDA_VISIBLE_DEVICES"] == "0,1"  # tensor-parallel-size of the verifier's GPUs
         assert json.loads(command.argv[command.argv.index("--speculative-config") + 1]) == {
             "method": "dflash", "model": "/w/job/checkpoints/2", "num_speculative_tokens": 15}
+
+
+def test_engines_that_share_the_gpus_share_their_memory() -> None:
+    """The evaluation's engines run at once: on GPUs each asks for its share of their memory."""
+    job = spec()
+    alone = evaluation_command(job, EngineKind.baseline(None), None, port=1, gpus=[0, 1],
+                               api_key="k", engines=3)
+    assert alone.argv[alone.argv.index("--gpu-memory-utilization") + 1] == str(round(0.85 / 3, 3))
+    one = evaluation_command(job, EngineKind.baseline(None), None, port=1, gpus=[0], api_key="k")
+    assert "--gpu-memory-utilization" not in one.argv
 
 
 def test_the_plan_shows_the_evaluation_unless_it_is_skipped() -> None:
@@ -219,7 +229,7 @@ def test_ngram_figures_flag_a_drafter_that_does_not_beat_prompt_lookup() -> None
 
     ngram = Measurement(SpecDecodeCounters(drafts=10, draft_tokens=30, accepted_tokens=12,
                                            accepted_per_position={0: 6, 1: 4, 2: 2}),
-                        completion_tokens=40, seconds=2.0)
+                        tokens=[40], seconds=[2.0])
     worse = ngram_figures({"mean_acceptance_length": 1.5}, ngram, 3)
     assert worse["ngram_mean_acceptance_length"] == 2.2 and worse["beats_ngram"] is False
     assert worse["warnings"] == ["the drafter does not beat n-gram drafting: served acceptance "
@@ -228,7 +238,7 @@ def test_ngram_figures_flag_a_drafter_that_does_not_beat_prompt_lookup() -> None
     assert better["beats_ngram"] is True and "warnings" not in better
     # n-gram made no draft at all (nothing in the context repeated): it stands at 1.0
     none = ngram_figures({"mean_acceptance_length": 1.2},
-                         Measurement(SpecDecodeCounters(), 40, 2.0), 3)
+                         Measurement(SpecDecodeCounters(), [40], [2.0]), 3)
     assert none["ngram_mean_acceptance_length"] is None and none["beats_ngram"] is True
 
 
@@ -260,35 +270,41 @@ def test_the_gate_names_each_missed_condition_with_its_numbers() -> None:
         "speedup unknown over the verifier alone < 1.00x required"]
 
 
-def test_the_baseline_gives_the_speedup_and_compares_the_outputs() -> None:
+def test_the_baseline_gives_the_median_speedup_of_the_rounds_and_compares_the_outputs() -> None:
+    """Each round's output tokens/s over the verifier alone's in that round; the median is the
+    speedup, the range its spread. A prompt counts as identical when it is in every round."""
     from workers.pipeline.evaluate import Measurement, SpecDecodeCounters, baseline_figures
 
     counters = SpecDecodeCounters()
-    drafted = Measurement(counters, completion_tokens=60, seconds=2.0, texts=["a", "b", "c"])
-    alone = Measurement(counters, completion_tokens=60, seconds=3.0, texts=["a", "b", "x"])
-    assert baseline_figures(drafted, alone) == {"baseline_output_tokens_per_s": 20.0,
-                                                "speedup": 1.5,
-                                                "outputs_identical_to_baseline": "2/3"}
-    nothing = Measurement(counters, completion_tokens=0, seconds=0.0, texts=["", "", ""])
+    drafted = Measurement(counters, tokens=[60, 60, 60], seconds=[2.0, 1.5, 3.0],
+                          texts=[["a", "b", "c"], ["a", "b", "c"], ["a", "y", "c"]])
+    alone = Measurement(counters, tokens=[60, 60, 60], seconds=[3.0, 3.0, 3.0],
+                        texts=[["a", "b", "x"], ["a", "b", "x"], ["a", "b", "x"]])
+    assert baseline_figures(drafted, alone) == {
+        "baseline_output_tokens_per_s": 20.0, "speedup": 1.5, "speedups": [1.5, 2.0, 1.0],
+        "speedup_spread": 1.0, "outputs_identical_to_baseline": "1/3", "lossless": False}
+    assert drafted.completion_tokens == 60 and drafted.tokens_per_s == round(180 / 6.5, 2)
+    nothing = Measurement(counters, tokens=[0], seconds=[0.0], texts=[["", "", ""]])
     assert baseline_figures(drafted, nothing)["speedup"] is None
 
 
 def test_the_baseline_engine_serves_the_verifier_without_speculation() -> None:
-    vllm = evaluation_command(SPEC, None, port=9001, gpus=[0, 1], api_key="k", method=None)
-    assert "--speculative-config" not in vllm.argv and vllm.argv[:3] == ["vllm", "serve", SPEC["verifier_info"]["reference"]]
+    vllm = evaluation_command(SPEC, EngineKind.baseline(None), None, port=9001, gpus=[0, 1],
+                              api_key="k")
+    assert "--speculative-config" not in vllm.argv and vllm.argv[:3] == ["vllm", "serve", SPEC.verifier_info.reference]
     assert vllm.description.endswith("the no-speculation baseline")
-    local = evaluation_command(spec(runtime="local"), None, port=9001, gpus=[], api_key="k",
-                               method=None)
+    local = evaluation_command(spec(runtime="local"), EngineKind.baseline(None), None, port=9001,
+                               gpus=[], api_key="k")
     assert "--speculative-config" not in local.argv
     assert local.argv[:5] == [sys.executable, "-m", "workers.runtimes.local.serve",
-                              "--model", SPEC["verifier_info"]["reference"]]
+                              "--model", SPEC.verifier_info.reference]
     assert local.description.startswith("vLLM without speculative decoding (CPU)")
 
 
 def test_the_ngram_baseline_uses_prompt_lookup_with_as_many_tokens() -> None:
     for runtime in ("vllm", "local"):
-        command = evaluation_command(spec(runtime=runtime), None, port=9001, gpus=[0],
-                                     api_key="k", method="ngram")
+        command = evaluation_command(spec(runtime=runtime), EngineKind.baseline("ngram"), None,
+                                     port=9001, gpus=[0], api_key="k")
         config = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
         assert config == {"method": "ngram", "num_speculative_tokens": 15,
                           "prompt_lookup_max": 4, "prompt_lookup_min": 1}
@@ -297,11 +313,12 @@ def test_the_ngram_baseline_uses_prompt_lookup_with_as_many_tokens() -> None:
 
 def test_speculative_config_is_the_same_json_on_both_runtimes() -> None:
     for runtime in ("vllm", "local"):
-        command = evaluation_command(spec(runtime=runtime), "/w/job/checkpoints/2", port=9001,
-                                     gpus=[0], api_key="k")
+        job = spec(runtime=runtime)
+        command = evaluation_command(job, EngineKind.of(job, job.candidates[0]),
+                                     "/w/job/checkpoints/2", port=9001, gpus=[0], api_key="k")
         config = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
         assert config == {"method": "dflash", "model": "/w/job/checkpoints/2",
-                          "num_speculative_tokens": SPEC["speculator"]["block_size"] - 1}
+                          "num_speculative_tokens": SPEC.speculator.block_size - 1}
 
 
 def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
@@ -329,50 +346,72 @@ def test_card_rows_name_how_it_was_measured_and_the_figures() -> None:
     assert evaluation_card_rows(None) is None and evaluation_card_rows({}) is None
 
 
-@pytest.mark.parametrize("runtime, order", [
-    ("local", ["progress: ['the trained drafter', 'n-gram drafting']", "start drafter",
-               "start ngram", "ready drafter", "ready ngram", "measure drafter", "measure ngram",
-               "progress: ['the verifier alone']", "start alone", "ready alone", "measure alone"]),
-    ("vllm", ["progress: ['the trained drafter']", "start drafter", "ready drafter",
-              "measure drafter", "progress: ['n-gram drafting']", "start ngram", "ready ngram",
-              "measure ngram", "progress: ['the verifier alone']", "start alone", "ready alone",
-              "measure alone"]),
-])
-def test_engines_start_together_on_the_cpu_and_no_start_runs_beside_a_measurement(
-        monkeypatch: pytest.MonkeyPatch, runtime: str, order: list[str]) -> None:
+class FakeCaller:
+    """Answers in place of an engine: records the order it was asked in."""
+
+    asked: list[str] = []
+
+    def __init__(self, ctx, engine) -> None:
+        self.engine = engine
+
+    def call(self, method: str, path: str, body=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(text="")
+
+    def complete(self, prompt, max_tokens: int) -> tuple[int, float, str]:
+        FakeCaller.asked.append(f"{self.engine.wanted.key}:{prompt[0]['content']}")
+        return 10, 0.5, f"reply to {prompt[0]['content']}"
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_engines_answer_each_prompt_in_turns_rotating_and_round_after_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    stage = sys.modules["workers.pipeline.evaluate"]  # the module: the package exports a function of its name
+    from app.schemas.jobs import EvaluateSpec
 
-    seen: list[str] = []
-    ports: list[int] = []
-    monkeypatch.setattr(stage, "start_engine", lambda ctx, wanted, steps, port: (
-        seen.append(f"start {wanted.key}"), ports.append(port), SimpleNamespace(wanted=wanted))[2])
-    monkeypatch.setattr(stage, "wait_engine_ready",
-                        lambda ctx, engine: seen.append(f"ready {engine.wanted.key}"))
-    monkeypatch.setattr(stage, "measure_engine", lambda ctx, engine, prompts, max_tokens: (
-        seen.append(f"measure {engine.wanted.key}"), engine.wanted.method)[1])
-    drafter = stage.Drafter("drafter", 1, "/w/job/checkpoints/1", None)
-    wanted = stage.engines_wanted([drafter], {"ngram": True, "baseline": True})
-    ctx = SimpleNamespace(spec={"runtime": runtime})
-    steps = SimpleNamespace(of=lambda label: label,
-                            starting=lambda labels: seen.append(f"progress: {labels}"))
-    runs = stage.serve_and_measure(ctx, wanted, [[{"role": "user", "content": "hi"}]], 8, steps)
-    assert seen == order
-    assert runs == {"drafter": "dflash", "ngram": "ngram", "alone": None}
-    assert len(set(ports[:2])) == 2  # engines started together never get the same port
-    assert [w.log_name for w in wanted] == ["evaluation-engine.log", "ngram-engine.log",
-                                            "baseline-engine.log"]
+    stage = sys.modules["workers.pipeline.evaluate"]  # the package exports a function of its name
+    monkeypatch.setattr(stage, "Caller", FakeCaller)
+    FakeCaller.asked = []
+    stopped: list[str] = []
+    ctx = SimpleNamespace(spec=spec(runtime="local"), check=lambda: None,
+                          stop=lambda proc: stopped.append(proc))
+    engines = [stage.Engine(SimpleNamespace(key=key, drafter=None), None, key, "", {}, None)
+               for key in ("a", "b", "c")]
+    reported: list[str] = []
+    steps = SimpleNamespace(report=lambda what: reported.append(what))
+    prompts = [[{"role": "user", "content": p}] for p in ("p1", "p2")]
+    stage.serve_in_turns(ctx, engines, prompts, EvaluateSpec(rounds=2, max_tokens=8), steps)
+    warmup, turns = FakeCaller.asked[:3], FakeCaller.asked[3:]
+    assert warmup == ["a:p1", "b:p1", "c:p1"]  # one request each first, not counted
+    assert turns == ["a:p1", "b:p1", "c:p1", "b:p2", "c:p2", "a:p2",  # round 1
+                     "c:p1", "a:p1", "b:p1", "a:p2", "b:p2", "c:p2"]  # round 2
+    assert [e.tokens for e in engines] == [[20, 20]] * 3
+    assert engines[0].texts == [["reply to p1", "reply to p2"]] * 2
+    assert reported == ["round 1 of 2: prompt 1 of 2 done", "round 1 of 2: prompt 2 of 2 done",
+                        "round 2 of 2: prompt 1 of 2 done", "round 2 of 2: prompt 2 of 2 done"]
+    assert stopped == ["a", "b", "c"]  # each engine stopped once measured
 
 
 def test_several_checkpoints_log_to_a_file_each() -> None:
+    from app.schemas.jobs import EvaluateSpec
     from workers.pipeline.evaluate import Drafter, engines_wanted
 
-    wanted = engines_wanted([Drafter("a", 1, "/w/1", None), Drafter("b", 2, "/w/2", None)],
-                            {"ngram": False, "baseline": False})
+    job = spec()
+    [candidate] = job.candidates
+    wanted = engines_wanted(job, [Drafter(candidate, "a", 1, "/w/1", None),
+                                  Drafter(candidate, "b", 2, "/w/2", None)],
+                            EvaluateSpec(ngram=False, baseline=False))
     assert [(w.key, w.label, w.log_name) for w in wanted] == [
         ("a", "the epoch 1 checkpoint", "evaluation-engine-epoch-1.log"),
         ("b", "the epoch 2 checkpoint", "evaluation-engine-epoch-2.log")]
+    single = engines_wanted(job, [Drafter(candidate, "a", 1, "/w/1", None)], EvaluateSpec())
+    assert [(w.label, w.log_name) for w in single] == [
+        ("the trained drafter", "evaluation-engine.log"), ("n-gram drafting", "ngram-engine.log"),
+        ("the verifier alone", "baseline-engine.log")]
 
 
 def test_ports_picked_together_are_distinct(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -381,15 +420,3 @@ def test_ports_picked_together_are_distinct(monkeypatch: pytest.MonkeyPatch) -> 
     picks = iter([5000, 5000, 5001])  # the OS may hand out a port again until it is bound
     monkeypatch.setattr(readiness, "free_port", lambda: next(picks))
     assert readiness.free_ports(2) == [5000, 5001]
-
-
-def test_the_progress_names_the_engines_starting_together() -> None:
-    from workers.pipeline.evaluate import Steps
-
-    reported: list[tuple[str, int]] = []
-    steps = Steps(ctx=None, total=6)  # type: ignore[arg-type]
-    steps.report = lambda what, step=True: reported.append((what, step))  # type: ignore[method-assign]
-    steps.starting(["the trained drafter", "n-gram drafting"])
-    steps.starting(["the verifier alone"])
-    assert reported == [("starting the engines for the trained drafter and n-gram drafting", False),
-                        ("starting the engine for the verifier alone", False)]

@@ -189,11 +189,12 @@ def test_a_local_jobs_python_processes_fork_and_nothing_else_does() -> None:
     """vLLM's servers, prepare-data and the single-process trainer of the local runtime's plan
     are forked; torchrun (its workers are its own children) and the GPU runtime's commands are
     not (a job preloads on the local runtime only: workers/runner.py)."""
-    from app.runtimes import build_plan
+    from app.runtimes import ServeSpec, build_plan
     from app.runtimes.local import serve_command
+    from app.schemas.job_spec import JobSpec
     from tests.unit.test_runtimes import PATHS, spec
 
-    def local(trainer_gpus: int) -> dict:
+    def local(trainer_gpus: int) -> JobSpec:
         return spec(runtime="local", resources={"trainer_gpus": trainer_gpus, "verifier": {
             "tensor_parallel_size": 1, "data_parallel_size": 1}})
 
@@ -202,9 +203,9 @@ def test_a_local_jobs_python_processes_fork_and_nothing_else_does() -> None:
     assert len(plan.stages) == 6 and all(forks(stage.argv) for stage in plan.stages)
     assert not forks(build_plan(local(2), PATHS, port=7).stage("training").argv)  # torchrun
     assert not forks(build_plan(spec(), PATHS, port=7).stage("starting_verifier").argv)  # vllm serve
-    served = serve_command({"verifier": "demo", "drafter": None, "method": "ngram",
-                            "num_speculative_tokens": 7, "runtime": "local", "resources": {}},
-                           "d", port=1, host="127.0.0.1", gpus=[], api_key="k")
+    served = serve_command(ServeSpec(verifier="demo", method="ngram", num_speculative_tokens=7,
+                                     runtime="local"), "d", port=1, host="127.0.0.1", gpus=[],
+                           api_key="k")
     launched = launcher_argv(served.argv)
     assert forks(served.argv) and launched[:5] == [
         sys.executable, "-m", "workers.runtimes.local.preload", "launch",

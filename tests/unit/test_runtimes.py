@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from app.runtimes import JobPaths, build_plan
+from app.runtimes import JobPaths, ServeSpec, build_plan
 from app.runtimes.local import serve_command
+from app.schemas.job_spec import JobSpec
 from app.settings import get_settings
 
-SPEC = {
+ROW = {
     "verifier": "Qwen/Qwen3-8B",
     "dataset": "chat.jsonl",
     "dataset_path": "/data/chat.jsonl",
@@ -26,6 +27,7 @@ SPEC = {
     "publish": None,
     "metadata": {},
 }
+SPEC = JobSpec.load(ROW)  # what the worker reads of such a row
 PATHS = JobPaths(root=Path("/w/job"), hidden_states=Path("/w/job/hidden_states"),
                  data=Path("/w/job/data"), checkpoints=Path("/w/job/checkpoints"),
                  log=Path("/l/job.log"), regenerated=Path("/w/job/regenerated.jsonl"))
@@ -37,8 +39,8 @@ def flag(argv: list[str], name: str, count: int = 1) -> list[str] | str:
     return values[0] if count == 1 else values
 
 
-def spec(**changes) -> dict:
-    return {**SPEC, **changes}
+def spec(**changes) -> JobSpec:
+    return JobSpec.load({**ROW, **changes})
 
 
 def test_vllm_hidden_states_server() -> None:
@@ -189,8 +191,8 @@ def test_local_runtime_runs_vllms_cpu_wheel_and_the_cpu_trainer() -> None:
     assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in plan.stages)
     # Every process of a local job, and a local deployment's engine, waits without spinning:
     # they share the host's cores.
-    served = serve_command({"verifier": "demo", "drafter": "/w/job/checkpoints/2",
-                            "num_speculative_tokens": 15, "runtime": "local", "resources": {}},
+    served = serve_command(ServeSpec(verifier="demo", drafter="/w/job/checkpoints/2",
+                                     num_speculative_tokens=15, runtime="local"),
                            "demo", port=8000, host="127.0.0.1", gpus=[], api_key="k")
     assert all(s.env["OMP_WAIT_POLICY"] == "PASSIVE" for s in [*plan.stages, served])
     assert "OMP_WAIT_POLICY" not in build_plan(SPEC, PATHS, port=7).stage("training").env
@@ -215,10 +217,9 @@ def test_the_local_runtimes_threads_are_the_hosts_setting(monkeypatch: pytest.Mo
                 "verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1},
                 "trainer_gpus": trainer_gpus}), PATHS, port=7)
 
-        served = serve_command({"verifier": "demo", "drafter": "/w/job/checkpoints/2",
-                                "num_speculative_tokens": 15, "runtime": "local",
-                                "resources": {}}, "demo", port=8000, host="127.0.0.1", gpus=[],
-                               api_key="k")
+        served = serve_command(ServeSpec(verifier="demo", drafter="/w/job/checkpoints/2",
+                                         num_speculative_tokens=15, runtime="local"),
+                               "demo", port=8000, host="127.0.0.1", gpus=[], api_key="k")
         plan = local(1)
         others = [s for s in plan.stages if s.stage != "training"]
         assert [s.env.get("OMP_NUM_THREADS") for s in [*others, served]] == \
@@ -288,7 +289,7 @@ def test_a_worker_without_vllm_fails_local_jobs_and_deployments_with_one_clear_r
     monkeypatch.setattr(preflight, "vllm_missing", lambda: NO_VLLM)
     monkeypatch.setattr(deployments, "vllm_missing", lambda: NO_VLLM)
     with pytest.raises(StageFailed) as failed:
-        preflight.preflight(SimpleNamespace(spec={"runtime": "local"}))
+        preflight.preflight(SimpleNamespace(spec=SimpleNamespace(runtime="local")))
     assert failed.value.code == "vllm_missing" and "worker-cpu" in str(failed.value)
     with pytest.raises(deployments.GaveUp, match="worker-cpu"):
         deployments.serve(SimpleNamespace(spec={"runtime": "local"}), "demo", "key", 0)

@@ -16,8 +16,9 @@ from app.doctor.flags import (
     representative_job,
     specdeck_commands,
 )
-from app.runtimes import SPECULATORS_VERSION, JobPaths, build_plan, server_layer_ids
+from app.runtimes import SPECULATORS_VERSION, JobPaths, build_plan
 from app.runtimes import vllm as vllm_runtime
+from app.schemas.job_spec import JobSpec
 from tests.support.vllm_cli_record import argument_sets, pinned_vllm, record
 
 RUNTIMES = ("vllm", "local")
@@ -91,8 +92,11 @@ def test_a_builder_that_emits_an_unknown_flag_fails(monkeypatch: pytest.MonkeyPa
                        "the n-gram (prompt lookup) baseline"}
 
 
-# The layer ids, for the job the script recorded (the demo verifier, SpecDeck's default ids).
-JOB = record()["jobs"]["vllm"]
+# The layer ids, for the job the script recorded (the demo verifier, SpecDeck's default ids;
+# its geometry beside them, which the record does not keep).
+RECORDED = record()["jobs"]["vllm"]
+JOB = JobSpec.load({**RECORDED, "verifier_info": {"hidden_size": 128, "vocab_size": 1536,
+                                                  **RECORDED["verifier_info"]}})
 LAYERS = record()["layer_ids"]
 ROOT = Path("/w/job")
 PATHS = JobPaths(root=ROOT, hidden_states=ROOT / "hidden_states", data=ROOT / "data",
@@ -109,7 +113,7 @@ def test_the_hidden_states_server_captures_the_layers_we_ask_for() -> None:
     layer ``n`` (the residual stream after the last decoder layer, before the final norm)."""
     config = json.loads(value_after(built("starting_verifier"), "--speculative-config")[0])
     ids = config["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
-    assert ids == server_layer_ids(JOB) == LAYERS["hidden_states_server_captures"]
+    assert ids == JOB.server_layer_ids == LAYERS["hidden_states_server_captures"]
     assert ids[-1] == LAYERS["verifier_num_hidden_layers"]
 
 
@@ -118,8 +122,8 @@ def test_vllm_serves_a_dflash_checkpoint_on_the_layers_the_trainer_learned_from(
     vLLM captures those same ids from the verifier, which are the server's ids without ``n``.
     vLLM's own shift by one is internal: the DFlash model's ``target_layer_ids`` are id - 1."""
     trainer_ids = [int(i) for i in value_after(built("training"), "--target-layer-ids",
-                                               len(JOB["speculator"]["target_layer_ids"]))]
+                                               len(JOB.speculator.target_layer_ids or []))]
     assert trainer_ids == LAYERS["trainer_parsed_target_layer_ids"]
     assert trainer_ids == LAYERS["checkpoint_aux_hidden_state_layer_ids"]
-    assert trainer_ids == LAYERS["dflash_serving_captures"] == server_layer_ids(JOB)[:-1]
+    assert trainer_ids == LAYERS["dflash_serving_captures"] == JOB.server_layer_ids[:-1]
     assert LAYERS["dflash_config_target_layer_ids"] == [i - 1 for i in trainer_ids]

@@ -35,29 +35,29 @@ def write_captured(ctx: JobContext) -> None:
     per job, by the first stage that reads the data (the rows captured by then); the file goes
     when the job ends (``workers.runner.remove_work_data``)."""
     target = ctx.paths.captured
-    if ctx.spec.get("dataset_kind") != "capture" or target.is_file():
+    if ctx.spec.dataset_kind != "capture" or target.is_file():
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     fernet = cipher(ctx.settings)
 
     def export() -> int:
         with session_scope() as session:
-            return capture.export_jsonl(session, ctx.spec["dataset_id"], target, fernet)
+            return capture.export_jsonl(session, ctx.spec.dataset_id, target, fernet)
 
     rows = with_retries(export, seconds=ctx.settings.database_retry_seconds, what=ctx.job_id)
     if rows == 0:
         target.unlink(missing_ok=True)
-        raise StageFailed(f"dataset {ctx.spec['dataset_id']} holds no captured rows any more "
+        raise StageFailed(f"dataset {ctx.spec.dataset_id} holds no captured rows any more "
                           "(its retention purged them)", code="data_error")
     ctx.event("captured_data", f"wrote the {rows} captured rows of dataset "
-              f"{ctx.spec['dataset_id']} for this job", {"rows": rows})
+              f"{ctx.spec.dataset_id} for this job", {"rows": rows})
 
 
 def prepare_data(ctx: JobContext) -> None:
     assert ctx.plan is not None, "the verifier stage sets the plan"
     write_captured(ctx)
     data = training_data(ctx.spec, ctx.paths)
-    if ctx.spec.get("dataset_format") == "messages" and not Path(data).is_file():
+    if ctx.spec.dataset_format == "messages" and not Path(data).is_file():
         as_conversations(dataset_file(ctx.spec, ctx.paths), Path(data))
     commands = [c for c in ctx.plan.stages if c.stage == "preparing_data"]
     if prepared(ctx):

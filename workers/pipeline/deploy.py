@@ -9,13 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import APIError
+from app.schemas.job_spec import JobSpec
 from app.services.promotions import request_promotion, serving_deployment
 from app.services.state import record_event
 from workers.runner import JobContext, StageFailed
 
 
-def deploy(ctx: JobContext) -> None:
-    name = ctx.spec["deploy"]["deployment"]
+def deploy(ctx: JobContext[JobSpec]) -> None:
+    assert ctx.spec.deploy is not None, "the pipeline runs this stage only when the job deploys"
+    name = ctx.spec.deploy.deployment
 
     def write(session: Any) -> None:
         job = ctx.lease.load(session)

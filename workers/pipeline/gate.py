@@ -1,8 +1,10 @@
 """The acceptance gate: what the served evaluation must show before a drafter is published.
 
-Checked at the end of the evaluating stage against the job's evaluation (the checkpoint it
-chose). A missed gate fails the job with ``acceptance_gate_failed`` and the numbers in the
-message; the checkpoint and its evaluation are kept, so it can still be published by hand.
+Each candidate is held to it in the evaluation (only one that passes can win); checked at the
+end of the evaluating stage against the job's evaluation (its winner, or with none the best
+ranked). A missed gate fails the job with ``acceptance_gate_failed`` and the numbers in the
+message, and a drafter whose outputs differ from the verifier's alone with ``not_lossless``; the
+checkpoints and their evaluations are kept, so one can still be published or deployed by hand.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from app.db import session_scope
 from app.db.models import Job
+from app.schemas.job_spec import JobSpec
 from workers.runner import JobContext, StageFailed
 
 
@@ -31,12 +34,17 @@ def gate_failures(gate: dict[str, Any], evaluation: dict[str, Any]) -> list[str]
     return failures
 
 
-def check_gate(ctx: JobContext) -> None:
-    gate = ctx.spec.get("gate")
-    if not gate:
-        return
+def check_gate(ctx: JobContext[JobSpec]) -> None:
     with session_scope() as session:
         evaluation = dict(ctx.lease.load(session).evaluation or {})
+    if evaluation.get("lossless") is False:
+        raise StageFailed(f"{evaluation.get('candidate') or 'the drafter'}'s outputs differ from "
+                          f"the verifier's alone ({evaluation.get('outputs_identical_to_baseline')} "
+                          "held-out prompts identical): speculative decoding must be lossless",
+                          code="not_lossless")
+    if ctx.spec.gate is None:
+        return
+    gate = ctx.spec.gate.model_dump()
     failures = gate_failures(gate, evaluation)
     verdict = {"passed": not failures, "required": gate, "failures": failures}
 
@@ -46,7 +54,9 @@ def check_gate(ctx: JobContext) -> None:
 
     ctx.write(write)
     if failures:
-        raise StageFailed("acceptance gate failed: " + "; ".join(failures)
+        who = (f"no candidate passed; the best, {evaluation['candidate']}: "
+               if ctx.spec.is_bakeoff else "")
+        raise StageFailed("acceptance gate failed: " + who + "; ".join(failures)
                           + " (the checkpoint is kept and can be published by hand)",
                           code="acceptance_gate_failed")
     ctx.event("gate_passed", "acceptance gate passed", verdict)

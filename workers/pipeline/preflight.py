@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
-
-from app.runtimes import JobPaths, data_settings, dataset_file, server_layer_ids
+from app.runtimes import JobPaths, dataset_file
 from app.runtimes.local import vllm_missing
+from app.schemas.job_spec import JobSpec, VerifierInfo
 from workers.pipeline.data import write_captured
 from workers.runner import JobContext, StageFailed
 
@@ -15,41 +14,42 @@ BYTES_PER_TOKEN_OF_TEXT = 4  # a rough tokenizer ratio, to size hidden states be
 GIB = 2**30
 
 
-def verifier_params(info: dict[str, Any]) -> int:
+def verifier_params(info: VerifierInfo) -> int:
     """A decoder-only transformer: embeddings + head + ~12 H^2 per layer."""
-    h, layers, vocab = info["hidden_size"], info["num_hidden_layers"], info["vocab_size"]
+    h, layers, vocab = info.hidden_size, info.num_hidden_layers, info.vocab_size
     return 2 * vocab * h + 12 * h * h * layers
 
 
-def source_data(spec: dict[str, Any], paths: JobPaths) -> Path:
+def source_data(spec: JobSpec, paths: JobPaths) -> Path:
     """The file the job's data comes from: the verifier's regenerated rows when it regenerates
     (a public preset's ``dataset_path`` is only the preset's name), else the upload."""
-    return paths.regenerated if data_settings(spec)["regenerate"] else dataset_file(spec, paths)
+    return paths.regenerated if spec.data.regenerate else dataset_file(spec, paths)
 
 
-def estimates(spec: dict[str, Any], data: Path) -> dict[str, float]:
-    info, sp = spec["verifier_info"], spec["speculator"]
+def estimates(spec: JobSpec, data: Path) -> dict[str, float]:
+    info = spec.verifier_info
     dataset_bytes = data.stat().st_size if data.exists() else 0
     tokens = dataset_bytes / BYTES_PER_TOKEN_OF_TEXT
-    value_bytes = 2 if spec["runtime"] == "vllm" else 4
-    per_token = len(server_layer_ids(spec)) * info["hidden_size"] * value_bytes
-    h = info["hidden_size"]
-    draft_params = sp["num_layers"] * 12 * h * h + 3 * h * h
-    res = spec["resources"]
+    value_bytes = 2 if spec.runtime == "vllm" else 4
+    per_token = len(spec.server_layer_ids) * info.hidden_size * value_bytes
+    h = info.hidden_size
+    # The largest candidate's draft (one trains at a time on a set of GPUs).
+    draft_params = max(d.num_layers for d in spec.drafters) * 12 * h * h + 3 * h * h
     return {
         # offline/hybrid keep every sample's hidden states; online keeps a few in flight.
-        "hidden_states_disk_gib": (tokens if spec["mode"] != "online" else sp["total_seq_len"] * 64)
+        "hidden_states_disk_gib": (tokens if spec.mode != "online" else spec.total_seq_len * 64)
         * per_token / GIB,
-        "verifier_gpu_memory_gib_per_gpu": verifier_params(info) * 2 / res["verifier"]["tensor_parallel_size"] / GIB,
+        "verifier_gpu_memory_gib_per_gpu":
+            verifier_params(info) * 2 / spec.resources.verifier.tensor_parallel_size / GIB,
         # fp32 master weights + Adam/Muon state (~16 bytes/param) + the verifier's embeddings
         # and head in bf16, which the draft reloads.
-        "trainer_gpu_memory_gib_per_gpu": (draft_params * 16 + 2 * info["vocab_size"] * h * 2) / GIB,
+        "trainer_gpu_memory_gib_per_gpu": (draft_params * 16 + 2 * info.vocab_size * h * 2) / GIB,
     }
 
 
-def preflight(ctx: JobContext) -> None:
+def preflight(ctx: JobContext[JobSpec]) -> None:
     spec = ctx.spec
-    if spec["runtime"] == "local" and (missing := vllm_missing()):
+    if spec.runtime == "local" and (missing := vllm_missing()):
         raise StageFailed(missing, code="vllm_missing")
     write_captured(ctx)
     data = source_data(spec, ctx.paths)
@@ -64,14 +64,14 @@ def preflight(ctx: JobContext) -> None:
         raise StageFailed(f"needs ~{figures['hidden_states_disk_gib']:.1f} GiB of disk for hidden "
                           f"states, {free:.1f} GiB free under {ctx.paths.root}",
                           code="insufficient_disk")
-    if spec["runtime"] == "vllm":
+    if spec.runtime == "vllm":
         check_gpu_memory(ctx, figures)
 
 
-def check_gpu_memory(ctx: JobContext, figures: dict[str, float]) -> None:
+def check_gpu_memory(ctx: JobContext[JobSpec], figures: dict[str, float]) -> None:
     import pynvml
 
-    plan_gpus = ctx.spec.get("allocation") or {}
+    plan_gpus = ctx.spec.allocation or {}
     pynvml.nvmlInit()
     try:
         for role, key in (("verifier", "verifier_gpu_memory_gib_per_gpu"),

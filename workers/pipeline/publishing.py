@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from app.db import session_scope
+from app.schemas.job_spec import JobSpec
 from app.services.secrets import HF_TOKEN
 from workers.publish import MissingToken, best_checkpoint, prepare, record
 from workers.runner import JobContext, StageFailed
 
 
-def publish(ctx: JobContext) -> None:
-    repo_id = ctx.spec["publish"]
+def publish(ctx: JobContext[JobSpec]) -> None:
+    repo_id = ctx.spec.publish
+    assert repo_id is not None, "the pipeline runs this stage only when the job publishes"
     work_dir = ctx.paths.root / "publish"
     with session_scope() as session:
         checkpoint = best_checkpoint(session, ctx.job_id)

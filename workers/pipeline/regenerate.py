@@ -22,7 +22,8 @@ from pathlib import Path
 
 from app.db.models import JobMetric
 from app.logtail import tail
-from app.runtimes import data_settings, regeneration_commands, regeneration_source
+from app.runtimes import regeneration_commands, regeneration_source
+from app.schemas.job_spec import JobSpec
 from workers.pipeline.data import write_captured
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
@@ -122,35 +123,36 @@ class Progress:
         self._thread.join(timeout=10)
 
 
-def regenerate(ctx: JobContext) -> None:
+def regenerate(ctx: JobContext[JobSpec]) -> None:
     out = ctx.paths.regenerated
     if done_marker(ctx).is_file():
         ctx.event("skipped", f"the verifier's replies are already regenerated ({out.name})")
         return
     write_captured(ctx)
-    settings = data_settings(ctx.spec)
+    settings = ctx.spec.data
     source = regeneration_source(ctx.spec, ctx.paths)
-    total = conversations_total(source, settings["max_samples"])
+    total = conversations_total(source, settings.max_samples)
     out.parent.mkdir(parents=True, exist_ok=True)
     drop_partial_line(out)
     done = conversations_done(out)  # by an earlier attempt of this job
 
     port = free_port()
-    verifier_gpus = list((ctx.spec.get("allocation") or {}).get("verifier", []))
+    verifier_gpus = list((ctx.spec.allocation or {}).get("verifier", []))
     server_command, client_command = regeneration_commands(ctx.spec, ctx.paths, port=port,
                                                            verifier_gpus=verifier_gpus, done=done)
     log_path = ctx.paths.root / "regeneration-server.log"
     server = ctx.start(server_command, log_path=log_path)
     ctx.on_cleanup(lambda: ctx.stop(server))
     try:
-        wait_ready(ctx, server, f"http://127.0.0.1:{port}", ctx.spec["verifier_info"]["reference"],
+        wait_ready(ctx, server, f"http://127.0.0.1:{port}", ctx.spec.verifier_info.reference,
                    what="generating server", log_path=log_path,
                    timeout=ctx.settings.verifier_ready_seconds)
         ctx.watch("generating server", server, log_path)
         progress = Progress(ctx, total)
         ctx.event("regeneration_started", f"the verifier writes the replies of {source}"
                   + (f" ({progress.done} conversations already done)" if progress.done else ""),
-                  {"source": source, "total": total, "done": progress.done, **settings})
+                  {"source": source, "total": total, "done": progress.done,
+                   **settings.model_dump()})
         with progress:
             ctx.run(client_command)
         progress.report()

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.runtimes import build_plan
+from app.schemas.job_spec import JobSpec
 from workers.pipeline.preflight import preflight
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext
 
 
-def allocated_gpus(spec: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+def allocated_gpus(spec: JobSpec) -> tuple[list[int], list[int]] | None:
     """The (verifier, trainer) GPUs the scheduler allocated; None on the local runtime."""
-    allocation = spec.get("allocation") or {}
+    allocation = spec.allocation or {}
     if "verifier" not in allocation:
         return None
     return list(allocation["verifier"]), list(allocation.get("trainer", []))
 
 
-def start_verifier(ctx: JobContext) -> None:
+def start_verifier(ctx: JobContext[JobSpec]) -> None:
     preflight(ctx)
     port = free_port()
     ctx.plan = build_plan(ctx.spec, ctx.paths, port=port, gpus=allocated_gpus(ctx.spec))
@@ -28,7 +27,7 @@ def start_verifier(ctx: JobContext) -> None:
     proc = ctx.start(command, log_path=log_path)
     ctx.on_cleanup(lambda: ctx.stop(proc))  # the evaluating stage may have stopped it already
     ctx.verifier_server = proc
-    served_name = ctx.spec["verifier_info"]["reference"]
+    served_name = ctx.spec.verifier_info.reference
     wait_ready(ctx, proc, f"http://127.0.0.1:{port}", served_name, what="verifier server",
                log_path=log_path, timeout=ctx.settings.verifier_ready_seconds)
     ctx.watch("verifier server", proc, log_path)

@@ -793,6 +793,119 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * CandidateOut
+         * @description One drafter of a job, and where it stands: trained, served, ranked. A job of one drafter
+         *     has one candidate, named by its kind.
+         */
+        CandidateOut: {
+            /** Name */
+            name: string;
+            /** Index */
+            index: number;
+            /**
+             * Kind
+             * @description dflash, dflash2, dspark or eagle3
+             */
+            kind: string;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "pending" | "training" | "trained" | "evaluated" | "failed" | "stopped";
+            /** Status Reason */
+            status_reason: string | null;
+            /** Error Code */
+            error_code: string | null;
+            /**
+             * Log Tail
+             * @description The trainer's or engine's last lines, when it failed
+             */
+            log_tail: string | null;
+            /**
+             * Settings
+             * @description Its resolved settings (the speculator fields of its kind)
+             */
+            settings: {
+                [key: string]: unknown;
+            };
+            /**
+             * Train Seconds
+             * @description The trainer's wall time
+             */
+            train_seconds: number | null;
+            /**
+             * Train Cpu Seconds
+             * @description CPU seconds the trainer's processes used (local runtime)
+             */
+            train_cpu_seconds: number | null;
+            /**
+             * Train Gpu Seconds
+             * @description Wall time times the trainer's GPUs (vllm runtime)
+             */
+            train_gpu_seconds: number | null;
+            /**
+             * Served Acceptance Length
+             * @description Mean acceptance length measured by serving the drafter on held-out prompts (tokens per verifier pass): the number that decides the speedup. Null until the evaluation has run.
+             */
+            served_acceptance_length: number | null;
+            /**
+             * Speedup
+             * @description Output tokens/s over the verifier alone on the same prompts: the median of the evaluation's rounds
+             */
+            speedup: number | null;
+            /**
+             * Speedup Spread
+             * @description The speedup's spread over the rounds (highest - lowest); a lead smaller than it is a tie
+             */
+            speedup_spread: number | null;
+            /** Output Tokens Per S */
+            output_tokens_per_s: number | null;
+            /**
+             * Outputs Identical To Baseline
+             * @description "n/m": held-out prompts whose output equals the verifier's alone
+             */
+            outputs_identical_to_baseline: string | null;
+            /**
+             * Lossless
+             * @description Every output token-identical to no speculation; null when the evaluation had no baseline
+             */
+            lossless: boolean | null;
+            /**
+             * Gate Passed
+             * @description Whether it passes the job's acceptance gate; null without a gate
+             */
+            gate_passed: boolean | null;
+            /**
+             * Rank
+             * @description Its place on the leaderboard (1 is the winner's); null until served
+             */
+            rank: number | null;
+            /** Winner */
+            winner: boolean;
+            /**
+             * Tied With
+             * @description Candidates whose speedup it leads or trails by less than the spread: a tie, broken by served acceptance length, then by training cost
+             */
+            tied_with: string[];
+            /**
+             * Checkpoint Id
+             * @description The checkpoint the evaluation served and chose
+             */
+            checkpoint_id: string | null;
+            /**
+             * Checkpoint Ids
+             * @description All its checkpoints, by epoch
+             */
+            checkpoint_ids: string[];
+            /**
+             * Evaluation
+             * @description Its whole served evaluation
+             */
+            evaluation: {
+                [key: string]: unknown;
+            } | null;
+        };
         /** CaptureDropped */
         CaptureDropped: {
             /**
@@ -886,6 +999,18 @@ export interface components {
             id: string;
             /** Job Id */
             job_id: string;
+            /**
+             * Candidate
+             * @description Which of the job's candidates it is of (its index)
+             * @default 0
+             */
+            candidate: number;
+            /**
+             * Kind
+             * @description Its drafter's kind: dflash, dflash2, dspark or eagle3
+             * @default dflash
+             */
+            kind: string;
             /** Epoch */
             epoch: number;
             /**
@@ -931,6 +1056,405 @@ export interface components {
             published_at: string | null;
             /** @description Set when the served evaluation found the drafter slower than no speculation, or no better than n-gram drafting; null otherwise */
             readonly verdict: components["schemas"]["Verdict"] | null;
+        };
+        /** DFlash */
+        DFlash: {
+            /**
+             * Type
+             * @default dflash
+             * @constant
+             */
+            type: "dflash";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 5
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Block Size
+             * @description Tokens per drafted block: the last accepted token and block_size - 1 mask tokens
+             * @default 16
+             */
+            block_size: number;
+            /**
+             * Max Anchors
+             * @description Anchor positions sampled per training sequence
+             * @default 3072
+             */
+            max_anchors: number;
+        };
+        /** DFlash2 */
+        DFlash2: {
+            /**
+             * Type
+             * @default dflash2
+             * @constant
+             */
+            type: "dflash2";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 5
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Block Size
+             * @description Tokens per drafted block: the last accepted token and block_size - 1 mask tokens
+             * @default 8
+             */
+            block_size: number;
+            /**
+             * Max Anchors
+             * @description Anchor positions sampled per training sequence
+             * @default 3072
+             */
+            max_anchors: number;
+        };
+        /** DFlash2Candidate */
+        DFlash2Candidate: {
+            /**
+             * Type
+             * @default dflash2
+             * @constant
+             */
+            type: "dflash2";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 5
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Block Size
+             * @description Tokens per drafted block: the last accepted token and block_size - 1 mask tokens
+             * @default 8
+             */
+            block_size: number;
+            /**
+             * Max Anchors
+             * @description Anchor positions sampled per training sequence
+             * @default 3072
+             */
+            max_anchors: number;
+            /**
+             * Name
+             * @description How the leaderboard, the checkpoints and their paths name it; default its kind (kind-2, kind-3 ... for more of one kind)
+             */
+            name?: string | null;
+        };
+        /** DFlashCandidate */
+        DFlashCandidate: {
+            /**
+             * Type
+             * @default dflash
+             * @constant
+             */
+            type: "dflash";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 5
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Block Size
+             * @description Tokens per drafted block: the last accepted token and block_size - 1 mask tokens
+             * @default 16
+             */
+            block_size: number;
+            /**
+             * Max Anchors
+             * @description Anchor positions sampled per training sequence
+             * @default 3072
+             */
+            max_anchors: number;
+            /**
+             * Name
+             * @description How the leaderboard, the checkpoints and their paths name it; default its kind (kind-2, kind-3 ... for more of one kind)
+             */
+            name?: string | null;
+        };
+        /** DSpark */
+        DSpark: {
+            /**
+             * Type
+             * @default dspark
+             * @constant
+             */
+            type: "dspark";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 5
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Block Size
+             * @description Tokens per drafted block; every position drafts (the anchor too)
+             * @default 8
+             */
+            block_size: number;
+            /**
+             * Max Anchors
+             * @description Anchor positions sampled per training sequence
+             * @default 3072
+             */
+            max_anchors: number;
+        };
+        /** DSparkCandidate */
+        DSparkCandidate: {
+            /**
+             * Type
+             * @default dspark
+             * @constant
+             */
+            type: "dspark";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 5
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Block Size
+             * @description Tokens per drafted block; every position drafts (the anchor too)
+             * @default 8
+             */
+            block_size: number;
+            /**
+             * Max Anchors
+             * @description Anchor positions sampled per training sequence
+             * @default 3072
+             */
+            max_anchors: number;
+            /**
+             * Name
+             * @description How the leaderboard, the checkpoints and their paths name it; default its kind (kind-2, kind-3 ... for more of one kind)
+             */
+            name?: string | null;
         };
         /**
          * DataSpec
@@ -1121,6 +1645,11 @@ export interface components {
             };
             /** Drafter */
             drafter: string;
+            /**
+             * Kind
+             * @description The drafter's kind (dflash, dflash2, dspark or eagle3): how vLLM serves it
+             */
+            kind: string;
             /** Verifier */
             verifier: string;
             /** Num Speculative Tokens */
@@ -1185,6 +1714,127 @@ export interface components {
              */
             replicas: number;
         };
+        /** Eagle3 */
+        Eagle3: {
+            /**
+             * Type
+             * @default eagle3
+             * @constant
+             */
+            type: "eagle3";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 1
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Ttt Steps
+             * @description Test-time-training steps the draft is unrolled over; also the tokens it drafts per step when served
+             * @default 3
+             */
+            ttt_steps: number;
+        };
+        /** Eagle3Candidate */
+        Eagle3Candidate: {
+            /**
+             * Type
+             * @default eagle3
+             * @constant
+             */
+            type: "eagle3";
+            /**
+             * Num Layers
+             * @description Decoder layers of the draft
+             * @default 1
+             */
+            num_layers: number;
+            /**
+             * Target Layer Ids
+             * @description The verifier layers whose hidden states feed the draft; default [2, n/2, n-3]
+             */
+            target_layer_ids?: number[] | null;
+            /**
+             * Draft Vocab Size
+             * @description A reduced draft vocabulary (the most frequent tokens of the data); default the verifier's whole vocabulary
+             */
+            draft_vocab_size?: number | null;
+            /**
+             * Total Seq Len
+             * @description Tokens per training sequence; shared by every candidate of a job (the data is prepared once)
+             * @default 8192
+             */
+            total_seq_len: number;
+            /**
+             * Epochs
+             * @default 20
+             */
+            epochs: number;
+            /**
+             * Lr
+             * @default 0.001
+             */
+            lr: number;
+            /**
+             * Scheduler
+             * @default cosine
+             * @enum {string}
+             */
+            scheduler: "cosine" | "linear" | "none";
+            /**
+             * Seed
+             * @default 42
+             */
+            seed: number;
+            /**
+             * Ttt Steps
+             * @description Test-time-training steps the draft is unrolled over; also the tokens it drafts per step when served
+             * @default 3
+             */
+            ttt_steps: number;
+            /**
+             * Name
+             * @description How the leaderboard, the checkpoints and their paths name it; default its kind (kind-2, kind-3 ... for more of one kind)
+             */
+            name?: string | null;
+        };
         /** ErrorDetail */
         ErrorDetail: {
             /** Message */
@@ -1235,6 +1885,12 @@ export interface components {
              * @default best
              */
             checkpoints: string;
+            /**
+             * Rounds
+             * @description How many times every engine answers the prompts. The engines (each candidate's, n-gram's, the verifier alone's) all run at once and answer each prompt in turns; each round gives a speedup, the median is the one reported and the range its spread, so that a change in the machine's load between engines cannot pick the winner
+             * @default 3
+             */
+            rounds: number;
         };
         /** EventOut */
         EventOut: {
@@ -1307,7 +1963,16 @@ export interface components {
              * @description An uploaded dataset's id (ds_...; this project's own), or the path of a JSONL file under the data root (SPECDECK_DATA_ROOT). The data root is the install's, shared by every project: any project may name a file placed there (and so learn whether a name exists); uploads are kept apart, by id and per project, and not reachable by path.
              */
             dataset: string;
-            speculator?: components["schemas"]["SpeculatorSpec"];
+            /**
+             * Speculator
+             * @description The drafter to train: its kind ("type": dflash, the default, dflash2, dspark or eagle3) and settings. With "candidates", the settings every candidate starts from (each takes those of its kind's fields that it does not set itself).
+             */
+            speculator?: components["schemas"]["DFlash"] | components["schemas"]["DFlash2"] | components["schemas"]["DSpark"] | components["schemas"]["Eagle3"];
+            /**
+             * Candidates
+             * @description A bake-off: several drafters trained on the same data, against one hidden-states server, then served side by side on the same held-out prompts; the fastest lossless one that passes the gate wins, and is what the job publishes and deploys. Each is a kind and the settings where it differs from "speculator".
+             */
+            candidates?: (components["schemas"]["DFlashCandidate"] | components["schemas"]["DFlash2Candidate"] | components["schemas"]["DSparkCandidate"] | components["schemas"]["Eagle3Candidate"])[] | null;
             /**
              * Mode
              * @default online
@@ -1408,6 +2073,16 @@ export interface components {
             deploy: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Candidates
+             * @description The drafters the job trains, in the order the body named them (one for a job without "candidates"), each with its status, cost, served figures and rank
+             */
+            candidates: components["schemas"]["CandidateOut"][];
+            /**
+             * Winner
+             * @description The candidate that won: the fastest lossless one that passes the gate (a tie broken by served acceptance length, then training cost); what the job publishes and deploys
+             */
+            winner: string | null;
             /** Metadata */
             metadata: {
                 [key: string]: string;
@@ -1439,9 +2114,15 @@ export interface components {
         };
         /**
          * JobProgress
-         * @description Where training is, from the trainer's latest training metric line.
+         * @description Where training is, from the trainer's latest training metric line (in a bake-off: of the
+         *     candidate training now).
          */
         JobProgress: {
+            /**
+             * Candidate
+             * @description Bake-offs: the candidate it is the progress of; null for a job of one drafter
+             */
+            candidate?: string | null;
             /**
              * Epoch
              * @description The epoch being trained, counted from 1, so that "epoch {epoch}/{epochs}" reads right: 1 during the first epoch, epochs during and after the last. The trainer, the checkpoints and the metrics (GET /api/jobs/{id}/metrics) number epochs from 0: this is their epoch + 1.
@@ -2133,9 +2814,16 @@ export interface components {
             verifier?: components["schemas"]["VerifierResources"];
             /**
              * Trainer Gpus
+             * @description GPUs (processes on the local runtime) the trainer runs on; each candidate's, in a bake-off
              * @default 1
              */
             trainer_gpus: number;
+            /**
+             * Candidates In Parallel
+             * @description vllm runtime, bake-offs: train the candidates side by side, each on trainer_gpus GPUs of its own (the job then needs trainer_gpus times its candidates); otherwise one after another on the same GPUs. The local runtime trains them one after another.
+             * @default false
+             */
+            candidates_in_parallel: boolean;
             /**
              * Share Verifier Gpus
              * @description vllm runtime: the trainer runs on the verifier's GPUs (the first trainer_gpus of them) instead of GPUs of its own, and the hidden-states server takes only part of their memory. For a host with one GPU; the job then needs only the verifier's GPUs.
@@ -2257,64 +2945,15 @@ export interface components {
             /** Value */
             value: string;
         };
-        /** SpeculatorSpec */
-        SpeculatorSpec: {
-            /**
-             * Type
-             * @default dflash
-             * @constant
-             */
-            type: "dflash";
-            /**
-             * Block Size
-             * @default 16
-             */
-            block_size: number;
-            /**
-             * Num Layers
-             * @default 5
-             */
-            num_layers: number;
-            /** Target Layer Ids */
-            target_layer_ids?: number[] | null;
-            /**
-             * Max Anchors
-             * @default 3072
-             */
-            max_anchors: number;
-            /** Draft Vocab Size */
-            draft_vocab_size?: number | null;
-            /**
-             * Total Seq Len
-             * @default 8192
-             */
-            total_seq_len: number;
-            /**
-             * Epochs
-             * @default 20
-             */
-            epochs: number;
-            /**
-             * Lr
-             * @default 0.001
-             */
-            lr: number;
-            /**
-             * Scheduler
-             * @default cosine
-             * @enum {string}
-             */
-            scheduler: "cosine" | "linear" | "none";
-            /**
-             * Seed
-             * @default 42
-             */
-            seed: number;
-        };
         /** StagePlanOut */
         StagePlanOut: {
             /** Stage */
             stage: string;
+            /**
+             * Candidate
+             * @description The bake-off candidate it trains or serves
+             */
+            candidate?: string | null;
             /** Description */
             description: string;
             /** Argv */

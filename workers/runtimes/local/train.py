@@ -44,6 +44,11 @@ from typing import Any
 import torch
 import torch.distributed
 
+# Before speculators' trainer configuration is imported: it lists the hidden-states backends
+# once, when it is imported, and a bake-off's candidates read theirs through this one.
+import workers.runtimes.layer_selection  # noqa: F401
+from workers.runtimes.cpu_time import cpu_seconds_line
+
 __all__ = ["TESTED_SPECULATORS_VERSION", "apply_cpu_patches", "cast_warm_start_to_hidden_states_dtype",
            "main", "needs_cpu_patches"]
 
@@ -157,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from speculators.train.cli import main as train_main  # noqa: PLC0415
     from speculators.train.config import TrainConfig  # noqa: PLC0415
 
-    train_main(TrainConfig.resolve(args))
+    try:
+        train_main(TrainConfig.resolve(args))
+    finally:  # the training cost a bake-off ranks by (workers/runtimes/cpu_time.py)
+        print(cpu_seconds_line(), flush=True)
 
 
 if __name__ == "__main__":
