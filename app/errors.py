@@ -141,7 +141,8 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     kind = first.get("type", "invalid")
     message = first.get("msg", "Invalid request")
     if kind == "extra_forbidden" and drafter:
-        message = (f"Unknown field '{echo(param or '')}': a {drafter} drafter has no "
+        article = "an" if drafter[0] in "aeiou" else "a"
+        message = (f"Unknown field '{echo(param or '')}': {article} {drafter} drafter has no "
                    f"{parts[-1]}")
         code = "unknown_field"
     elif kind == "extra_forbidden":

@@ -51,7 +51,7 @@ class ResolvedData(DataSpec):
     model_config = ConfigDict(extra="ignore", strict=False)
 
     regenerate: bool = False
-    max_tokens: int = Field(4096, ge=16, le=262144)
+    max_tokens: int | None = Field(None, ge=16, le=262144)  # set by JobSpec.load
 
 
 class Candidate(Loaded):
@@ -102,14 +102,11 @@ class JobSpec(Loaded):
     def load(cls, stored: dict[str, Any], **extra: Any) -> "JobSpec":
         """A job row's spec, from any version of it: before drafter kinds (no ``type``), before
         the data settings (never regenerated), before the evaluation (its defaults)."""
-        data = {**stored, **extra}
-        if "data" in data and isinstance(data["data"], dict) and data["data"].get("max_tokens") is None:
-            data["data"] = {**data["data"],
-                            "max_tokens": max(16, data["speculator"]["total_seq_len"] // 2)}
-        elif "data" not in data:
-            data["data"] = {"regenerate": False,
-                            "max_tokens": max(16, data["speculator"]["total_seq_len"] // 2)}
-        return cls.model_validate(data, strict=False)
+        spec = cls.model_validate({**stored, **extra}, strict=False)
+        if spec.data.max_tokens is None:  # a row from before the data settings, or unresolved
+            data = spec.data.model_copy(update={"max_tokens": max(16, spec.total_seq_len // 2)})
+            spec = spec.model_copy(update={"data": data})
+        return spec
 
     def dump(self) -> dict[str, Any]:
         """What the job row stores (the JSON boundary): ``evaluate`` false when skipped."""

@@ -19,7 +19,7 @@ from app.services.verifier import VerifierInfo, check_layer_ids, default_layer_i
 from app.settings import Settings
 
 # What a candidate may not set apart from the others: the data is prepared once, at one length.
-SHARED = ("total_seq_len",)
+SHARED = frozenset({"total_seq_len"})
 
 
 def resolve_layers(drafter: DrafterBase, verifier: VerifierInfo, param: str) -> DrafterBase:
@@ -41,13 +41,11 @@ def check_runtime(drafter: DrafterBase, runtime: str, param: str) -> None:
         raise APIError(422, why, code="unsupported_on_runtime", param=f"{param}.type")
 
 
-def resolve_candidates(body: JobCreate, shared: DrafterBase, verifier: VerifierInfo,
-                       runtime: str, settings: Settings) -> list[Candidate]:
-    """A bake-off's candidates: each takes the fields set in ``speculator`` that its kind has,
-    unless it sets them itself; named by its kind unless it names itself. Empty for a job
-    without ``candidates``."""
+def check_body(body: JobCreate, settings: Settings) -> None:
+    """What the body alone tells of its candidates: not more than the quota allows, and no
+    warm start beside them."""
     if body.candidates is None:
-        return []
+        return
     limit = settings.quota_candidates_per_job
     if limit and len(body.candidates) > limit:
         raise APIError(422, f"{len(body.candidates)} candidates; a job may train at most {limit} "
@@ -57,6 +55,15 @@ def resolve_candidates(body: JobCreate, shared: DrafterBase, verifier: VerifierI
         raise APIError(422, "init_from warm-starts one drafter; a bake-off's candidates train "
                        "from scratch: leave out init_from or candidates",
                        code="invalid_value", param="init_from")
+
+
+def resolve_candidates(body: JobCreate, shared: DrafterBase, verifier: VerifierInfo,
+                       runtime: str) -> list[Candidate]:
+    """A bake-off's candidates: each takes the fields set in ``speculator`` that its kind has,
+    unless it sets them itself; named by its kind unless it names itself. Empty for a job
+    without ``candidates``."""
+    if body.candidates is None:
+        return []
     given = body.speculator.model_fields_set - {"type"}
     names: list[str] = []
     resolved = []

@@ -44,9 +44,10 @@ def resolve_spec(session: Session, project_id: str, body: JobCreate, settings: S
     """Everything the worker needs, resolved once at creation and recorded in the job."""
     verifier = resolve_verifier(body.verifier, settings=settings, hub=hub)
     runtime = body.runtime or settings.default_runtime
+    candidates.check_body(body, settings)
     warm = resolve_init_from(session, project_id, body, verifier)
     speculator = warm[0] if warm else resolve_layers(body.speculator, verifier, "speculator")
-    bakeoff = candidates.resolve_candidates(body, speculator, verifier, runtime, settings)
+    bakeoff = candidates.resolve_candidates(body, speculator, verifier, runtime)
     if not bakeoff:
         candidates.check_runtime(speculator, runtime, "speculator")
     dataset = resolve_for_job(session, project_id, body.dataset, settings)

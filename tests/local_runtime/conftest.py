@@ -12,6 +12,7 @@ import pytest
 
 from app.runtimes import JobPaths
 from app.runtimes.vllm import CPU_ENV, verifier_server_argv
+from app.schemas.job_spec import JobSpec
 from app.settings import Settings
 from tests.local_runtime.procs import (
     PYTHON,
@@ -58,9 +59,11 @@ def server(demo_model: Path, workspace: Path) -> Iterator[Server]:
     port = free_port()
     log_path = workspace / "server.log"
     paths = JobPaths.for_job(Settings(work_root=workspace, logs_root=workspace), "job")
-    spec = {"verifier_info": {"reference": str(demo_model), "num_hidden_layers": NUM_LAYERS},
-            "speculator": {"target_layer_ids": TRAINER_LAYER_IDS},
-            "resources": {"verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1}}}
+    spec = JobSpec.load({
+        "verifier": "demo", "dataset": "demo.jsonl", "runtime": "local",
+        "verifier_info": {"reference": str(demo_model), "source": "local",
+                          "num_hidden_layers": NUM_LAYERS, "hidden_size": 128, "vocab_size": 1536},
+        "speculator": {"target_layer_ids": TRAINER_LAYER_IDS}})
     argv = verifier_server_argv(spec, paths, port, cpu=True)
     with background(argv, log_path, child_env(**CPU_ENV)) as proc:
         base_url = f"http://127.0.0.1:{port}"
