@@ -442,6 +442,8 @@ class EventOut(EventBase):
 
 
 class MetricOut(BaseModel):
+    candidate: int = Field(0, exclude_if=lambda index: index == 0, description=(
+        "Bake-offs: the candidate (its index) whose trainer logged it; absent for the first"))
     step: int | None
     epoch: int | None
     name: str

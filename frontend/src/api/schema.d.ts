@@ -2120,7 +2120,7 @@ export interface components {
         JobProgress: {
             /**
              * Candidate
-             * @description Bake-offs: the candidate it is the progress of; null for a job of one drafter
+             * @description Bake-offs: the candidate it is the progress of; absent for a job of one drafter
              */
             candidate?: string | null;
             /**
@@ -2374,6 +2374,12 @@ export interface components {
         };
         /** MetricOut */
         MetricOut: {
+            /**
+             * Candidate
+             * @description Bake-offs: the candidate (its index) whose trainer logged it; absent for the first
+             * @default 0
+             */
+            candidate: number;
             /** Step */
             step: number | null;
             /** Epoch */
