@@ -18,7 +18,7 @@ from typing import Any
 from app.client import exits
 from app.client.exits import CLIError
 from app.client.http import Api
-from app.client.output import emit_json, note
+from app.client.output import emit_json, note, table
 
 POLL_SECONDS = 1.5
 LOSS_SECONDS = 10.0  # the loss is read at most this often (the metrics list is not paged)
@@ -72,12 +72,44 @@ def job_summary(job: dict[str, Any], checkpoints: list[dict[str, Any]]) -> str:
     best = chosen_checkpoint(job, checkpoints)
     status = job["status"] + (f" ({job['error_code']})" if job.get("error_code") else "")
     verdict = f" ({job['verdict']['summary']})" if job.get("verdict") else ""
-    line = (f"{job['id']} {status}: served AL {_number(job.get('served_acceptance_length'))}, "
+    winner = (f"winner {job['winner']}, " if job.get("winner")
+              and len(job.get("candidates") or []) > 1 else "")
+    line = (f"{job['id']} {status}: {winner}"
+            f"served AL {_number(job.get('served_acceptance_length'))}, "
             f"speedup {_number(evaluation.get('speedup'), 'x')}{verdict}, "
             f"best checkpoint {best['id'] if best else '-'}")
     hub = next((c["hub_url"] for c in ([best] if best else []) + checkpoints if c.get("hub_url")),
                None)
     return line + (f", published {hub}" if hub else "")
+
+
+LEADERBOARD = ("rank", "candidate", "kind", "status", "speedup", "served AL", "lossless",
+               "train s", "train CPU s")
+
+
+def leaderboard(job: dict[str, Any]) -> str | None:
+    """A bake-off's candidates as a table, best first (the winner marked), then why any
+    failed; None for a job of one drafter."""
+    candidates = job.get("candidates") or []
+    if len(candidates) < 2:
+        return None
+
+    def row(c: dict[str, Any]) -> dict[str, Any]:
+        speedup = (f"{c['speedup']:.2f}x ±{c['speedup_spread'] or 0:.2f}"
+                   if c.get("speedup") is not None else None)
+        name = c["name"] + (" (winner)" if c.get("winner") else "")
+        return {"rank": c.get("rank"), "candidate": name, "kind": c["kind"],
+                "status": c["status"], "speedup": speedup,
+                "served AL": c.get("served_acceptance_length"),
+                "lossless": {True: "yes", False: "no"}.get(c.get("lossless")),
+                "train s": c.get("train_seconds"), "train CPU s": c.get("train_cpu_seconds")}
+
+    ranked = sorted(candidates, key=lambda c: (c.get("rank") is None, c.get("rank") or 0,
+                                               c["index"]))
+    lines = [table([row(c) for c in ranked], LEADERBOARD)]
+    lines += [f"{c['name']} {c['status']}: {c['status_reason']}" for c in ranked
+              if c["status"] in ("failed", "stopped") and c.get("status_reason")]
+    return "\n".join(lines)
 
 
 class PlainView:
@@ -234,7 +266,9 @@ def wait_job(api: Api, job_id: str, *, timeout: float | None, as_json: bool,
             note(f"--- the last {LOG_TAIL_LINES} lines of the job's log ---\n{tail}\n---")
     elif job["status"] == "cancelled" and job.get("status_reason"):
         note(f"cancelled: {job['status_reason']}")
-    _report(job, summary, as_json, final=not (followed and job["status"] == "succeeded"))
+    board = leaderboard(job)
+    _report(job, f"{summary}\n{board}" if board else summary, as_json,
+            final=not (followed and job["status"] == "succeeded"))
     return JOB_TERMINAL[job["status"]]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api, Stack
+from tests.support.api_server import start_api, stop_api
 
 
 def free_port() -> int:
@@ -159,3 +161,16 @@ def demo_checkpoint(api: Api, stack: Stack, demo: dict[str, str], session: DemoD
 @pytest.fixture(scope="session")
 def demo_drafter(tmp_path_factory: pytest.TempPathFactory) -> DemoDrafter:
     return DemoDrafter(tmp_path_factory.mktemp("session-drafter"))
+
+
+@pytest.fixture
+def gateway(pg_stack: Stack, tmp_path: Path):
+    """A real `specdeck api` server (uvicorn) on the stack's database. Its per-key rate limit
+    is off: these tests send as fast as the engine answers, which on a fast machine is faster
+    than the default limit allows (tests/integration/test_gateway.py tests the limiter)."""
+    env = {**os.environ, **pg_stack.env, "SPECDECK_GATEWAY_RATE_LIMIT_RPM": "0"}
+    url, proc = start_api(env, tmp_path / "api.log")
+    try:
+        yield url
+    finally:
+        stop_api(proc)

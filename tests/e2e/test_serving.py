@@ -21,24 +21,10 @@ from tests.conftest import Api, Stack
 from tests.e2e.conftest import DemoDrafter, engine_processes, first_loss, job_processes
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE, assert_demo_job, submit
 from tests.support.waiting import wait_for
-from tests.support.api_server import start_api, stop_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 PROMPTS = ["Tell me about the river and the old mill.", "What does the blue lantern do at night?"]
 MAX_TOKENS = 48
-
-
-@pytest.fixture
-def gateway(pg_stack: Stack, tmp_path: Path):
-    """A real `specdeck api` server (uvicorn) on the stack's database. Its per-key rate limit
-    is off: these tests send as fast as the engine answers, which on a fast machine is faster
-    than the default limit allows (tests/integration/test_gateway.py tests the limiter)."""
-    env = {**os.environ, **pg_stack.env, "SPECDECK_GATEWAY_RATE_LIMIT_RPM": "0"}
-    url, proc = start_api(env, tmp_path / "api.log")
-    try:
-        yield url
-    finally:
-        stop_api(proc)
 
 
 def greedy_reference(model_dir: Path, prompt: str) -> str:
