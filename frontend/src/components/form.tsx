@@ -45,7 +45,7 @@ export function Field({
   children,
 }: {
   id: string;
-  label: string;
+  label: ReactNode;
   error?: string;
   hint?: ReactNode;
   children: ReactNode;

@@ -5,6 +5,8 @@ const TONE: Record<string, string> = {
   failed: "bad", cancelled: "muted", stopped: "muted",
   running: "busy", starting: "busy", stopping: "busy", draining: "busy", publishing: "busy", delivering: "busy",
   queued: "wait", pending: "wait",
+  // A bake-off's candidates (CandidateOut.status).
+  training: "busy", trained: "busy", evaluated: "good",
 };
 
 export function StatusBadge({ status }: { status: string }) {

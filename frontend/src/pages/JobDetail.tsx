@@ -9,8 +9,9 @@ import { ErrorNote, Loading, QueryState } from "../components/states";
 import { CheckpointsTable } from "./job/Checkpoints";
 import { JobHeader } from "./job/Header";
 import { Logs } from "./job/Logs";
-import { trainingSeries } from "./job/metrics";
-import { isTerminal, keys, type Job } from "./job/model";
+import { LeaderboardSection } from "./job/Leaderboard";
+import { candidateSeries, trainingSeries } from "./job/metrics";
+import { isBakeoff, isTerminal, keys, type Job } from "./job/model";
 import { Plan } from "./job/Plan";
 import { ServedAcceptance } from "./job/ServedAcceptance";
 import { Timeline } from "./job/Timeline";
@@ -54,6 +55,12 @@ function JobPage({ job }: { job: Job }) {
     refetchInterval: running ? 3000 : false,
   });
   const series = useMemo(() => trainingSeries(metrics.data?.data ?? []), [metrics.data]);
+  // A bake-off's metrics say which candidate's trainer logged them: a series each.
+  const bakeoff = isBakeoff(job);
+  const perCandidate = useMemo(
+    () => (bakeoff ? candidateSeries(metrics.data?.data ?? [], job.candidates) : undefined),
+    [bakeoff, job.candidates, metrics.data],
+  );
 
   const checkpoints = useQuery({
     queryKey: keys.checkpoints(job.id),
@@ -70,6 +77,8 @@ function JobPage({ job }: { job: Job }) {
       </p>
       <JobHeader job={job} />
 
+      {bakeoff && <LeaderboardSection job={job} checkpoints={checkpoints.data?.data} />}
+
       <ServedAcceptance job={job} checkpoints={checkpoints.data?.data} servedPositions={series.servedPositions} />
 
       <section aria-labelledby="training-title" className="training">
@@ -79,7 +88,12 @@ function JobPage({ job }: { job: Job }) {
         ) : metrics.error ? (
           <ErrorNote error={metrics.error} retry={() => metrics.refetch()} />
         ) : (
-          <TrainingCharts series={series} running={running} />
+          <TrainingCharts
+            series={series}
+            running={running}
+            candidates={perCandidate}
+            current={job.progress?.candidate ?? job.winner}
+          />
         )}
       </section>
 
@@ -91,7 +105,7 @@ function JobPage({ job }: { job: Job }) {
           isEmpty={(page) => page.data.length === 0}
           empty={running ? "No checkpoints yet: one is saved after each epoch." : "This job saved no checkpoints."}
         >
-          {(page) => <CheckpointsTable checkpoints={page.data} suggested={job.publish} />}
+          {(page) => <CheckpointsTable checkpoints={page.data} suggested={job.publish} job={job} />}
         </QueryState>
       </section>
 

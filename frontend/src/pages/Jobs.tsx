@@ -23,6 +23,21 @@ const STATUSES: Record<JobStatus, true> = {
   cancelled: true,
 };
 
+/** What the served AL is of: a bake-off's winner and its kind (or how many candidates it has),
+ * a plain job's kind. */
+function Drafter({ job }: { job: Job }) {
+  if (job.candidates.length > 1) {
+    const winner = job.candidates.find((c) => c.winner);
+    return (
+      <div className="dim job-kind" data-testid="job-winner-kind">
+        {winner ? `winner ${winner.name} · ${winner.kind}` : `bake-off of ${job.candidates.length}`}
+      </div>
+    );
+  }
+  const kind = job.candidates[0]?.kind ?? String((job.speculator as { type?: unknown }).type ?? "dflash");
+  return <div className="dim job-kind">{kind}</div>;
+}
+
 function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSelect: (on: boolean) => void }) {
   const progress = stageProgressOf(job)?.text ?? progressOf(job);
   return (
@@ -49,6 +64,7 @@ function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSe
       </td>
       <td className="num" title="Served acceptance length (tokens per verifier pass)">
         {job.served_acceptance_length != null ? job.served_acceptance_length.toFixed(2) : "—"}
+        <Drafter job={job} />
         {job.verdict && (
           <div>
             <VerdictBadge verdict={job.verdict} />

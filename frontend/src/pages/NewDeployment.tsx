@@ -75,9 +75,16 @@ function useCheckpoint(id: string | null) {
   });
 }
 
-/** The checkpoint a valid id names: its job, epoch and served acceptance length. */
+/** The checkpoint a valid id names: its job (a bake-off's candidate), drafter kind, epoch and
+ * served acceptance length. */
 function CheckpointPreview({ id }: { id: string }) {
   const checkpoint = useCheckpoint(id);
+  const jobId = checkpoint.data?.job_id;
+  const job = useQuery({
+    queryKey: ["job", jobId ?? ""],
+    queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: jobId! } } })),
+    enabled: jobId !== undefined,
+  });
   if (checkpoint.isPending)
     return (
       <p className="hint" role="status">
@@ -101,6 +108,22 @@ function CheckpointPreview({ id }: { id: string }) {
           {c.job_id}
         </Link>
       </dd>
+      {job.data && job.data.candidates.length > 1 && (
+        <>
+          <dt>Candidate</dt>
+          <dd data-testid="deploy-candidate">
+            {job.data.candidates.find((x) => x.index === c.candidate)?.name ?? `#${c.candidate + 1}`}
+            {job.data.winner != null &&
+              (job.data.winner === job.data.candidates.find((x) => x.index === c.candidate)?.name ? (
+                <span className="badge good deploy-best">winner</span>
+              ) : (
+                <span className="dim"> (not the winner: {job.data.winner} is)</span>
+              ))}
+          </dd>
+        </>
+      )}
+      <dt>Kind</dt>
+      <dd>{c.kind}</dd>
       <dt>Epoch</dt>
       <dd>
         {epochOf(c.epoch)}

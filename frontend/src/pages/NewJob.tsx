@@ -5,19 +5,24 @@ import { api, must, type Dataset, type JobCreate } from "../api/client";
 import { messageOf } from "../api/errors";
 import { Field, FormError, described } from "../components/form";
 import { UploadDataset } from "./Datasets";
+import { CandidateRows, kindOption } from "./jobs/Candidates";
 import {
   DEFAULTS,
-  DEMO,
+  KINDS,
   NUMBERS,
   P,
   buildBody,
+  demoForm,
   fieldId,
+  isBlockKind,
   formOf,
   newIdempotencyKey,
   placeError,
   validate,
+  type CandidateForm,
   type GateChoice,
   type JobForm,
+  type Kind,
   type Mode,
   type Runtime,
   type Scheduler,
@@ -114,10 +119,15 @@ export default function NewJob() {
     if (create.isError) create.reset();
   }
 
+  function updateCandidates(candidates: CandidateForm[]) {
+    setForm((f) => ({ ...f, candidates }));
+    if (create.isError) create.reset();
+  }
+
   function applyDemo() {
     setForm((f) => ({
       ...f,
-      ...DEMO,
+      ...demoForm(),
       // The demo dataset that `specdeck run` uploads, unless one is chosen already.
       dataset: f.dataset || datasets.data?.data.find((d) => d.name === "demo")?.id || "",
     }));
@@ -159,7 +169,11 @@ export default function NewJob() {
     );
   }
 
-  function checkField(key: "shareGpus" | "gateBeatNgram" | "evalBaseline" | "evalNgram", param: string, label: string) {
+  function checkField(
+    key: "shareGpus" | "candidatesInParallel" | "gateBeatNgram" | "evalBaseline" | "evalNgram",
+    param: string,
+    label: string,
+  ) {
     return (
       <label className="check">
         <input
@@ -173,7 +187,7 @@ export default function NewJob() {
     );
   }
 
-  function selectField<K extends "scheduler" | "mode" | "runtime" | "gate">(
+  function selectField<K extends "kind" | "scheduler" | "mode" | "runtime" | "gate">(
     key: K,
     label: string,
     options: [JobForm[K], string][],
@@ -231,8 +245,9 @@ export default function NewJob() {
         </button>
       </div>
       <p className="hint newjob-lead">
-        Train a DFlash drafter for a verifier on a dataset of chats. The defaults are the API's; “Use demo
-        settings” fills a quick job on the tiny demo verifier.
+        Train a drafter for a verifier on a dataset of chats, or a bake-off of several kinds and settings served side by
+        side. The defaults are the API's; “Use demo settings” fills a small bake-off of three drafters on the tiny demo
+        verifier that a CPU can train and serve.
       </p>
       {cloneOf && (
         <div className={`state${cloned.isError ? " error" : ""}`} role={cloned.isError ? "alert" : "status"} data-testid="clone-note">
@@ -341,8 +356,20 @@ export default function NewJob() {
 
             <fieldset className="card">
               <legend>Speculator</legend>
+              {form.candidates.length > 0 && (
+                <p className="hint speculator-shared" data-testid="shared-settings">
+                  With bake-off candidates (below), these are the settings every candidate starts from: only the
+                  candidates are trained.
+                </p>
+              )}
+              {selectField(
+                "kind",
+                "Kind",
+                KINDS.map((k) => [k.kind, kindOption(k)] satisfies [Kind, string]),
+                "dflash and eagle3 run anywhere; dspark and dflash2 are served only on a GPU host (the vllm runtime).",
+              )}
               <div className="grid2">
-                {numberField("blockSize", "Tokens drafted per step (2–64)")}
+                {isBlockKind(form.kind) ? numberField("blockSize", "Tokens drafted per step (2–64)") : numberField("tttSteps", "Tokens drafted per step (1–16)")}
                 {numberField("numLayers", "Drafter depth (1–32)")}
               </div>
               <Field
@@ -365,8 +392,8 @@ export default function NewJob() {
                 />
               </Field>
               <div className="grid2">
-                {numberField("maxAnchors")}
-                {numberField("seqLen", "Tokens per training sequence")}
+                {isBlockKind(form.kind) && numberField("maxAnchors")}
+                {numberField("seqLen", form.candidates.length ? "Tokens per training sequence (shared)" : "Tokens per training sequence")}
                 {numberField("epochs")}
                 {numberField("lr")}
                 {selectField("scheduler", "Scheduler", [
@@ -403,7 +430,8 @@ export default function NewJob() {
               {form.runtime === "local" ? (
                 <p className="hint" data-testid="local-resources">
                   The local runtime runs on a worker's CPU: there are no GPUs to choose. On two cores the API's defaults
-                  (20 epochs of 8192-token sequences) take hours; “Use demo settings” is sized for a CPU.
+                  (20 epochs of 8192-token sequences) take hours; “Use demo settings” is sized for a CPU. It serves dflash
+                  and eagle3 drafters only: dspark and dflash2 need a GPU host (the vllm runtime).
                 </p>
               ) : (
                 <>
@@ -413,6 +441,12 @@ export default function NewJob() {
                   </div>
                   {numberField("trainerGpus")}
                   {checkField("shareGpus", P.shareGpus, "Trainer shares the verifier's GPUs (a host with one GPU)")}
+                  {form.candidates.length > 0 &&
+                    checkField(
+                      "candidatesInParallel",
+                      P.candidatesInParallel,
+                      "Train the candidates side by side, each on trainer GPUs of its own (else one after another)",
+                    )}
                 </>
               )}
             </fieldset>
@@ -440,6 +474,7 @@ export default function NewJob() {
                     {numberField("evalPrompts", "Held-out prompts served")}
                     {numberField("evalMaxTokens", "Tokens generated per prompt")}
                   </div>
+                  {numberField("evalRounds", "Every engine answers the prompts this many times; the speedup is the median")}
                   {checkField("evalBaseline", P.evalBaseline, "Measure the speedup: also serve the verifier alone on the same prompts")}
                   {checkField("evalNgram", P.evalNgram, "Compare with n-gram drafting on the same prompts")}
                 </>
@@ -482,6 +517,11 @@ export default function NewJob() {
             </fieldset>
           </div>
         </div>
+
+        <fieldset className="card">
+          <legend>Bake-off candidates</legend>
+          <CandidateRows form={form} errorOf={errorOf} onChange={updateCandidates} />
+        </fieldset>
 
         <PlanPreview
           plan={plan.data}

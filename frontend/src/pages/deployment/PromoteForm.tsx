@@ -31,10 +31,18 @@ function useCandidates(deployment: Deployment): Candidate[] {
     queryKey: ["jobs", "promote-candidates"],
     queryFn: () => must(api.GET("/api/jobs", { params: { query: { status: "succeeded", limit: 20 } } })),
   });
+  // A bake-off's checkpoints are named by their candidate too.
+  const sourceJobData = useQuery({
+    queryKey: jobKeys.job(sourceJob ?? ""),
+    queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: sourceJob! } } })),
+    enabled: sourceJob !== undefined,
+  });
+  const candidates = sourceJobData.data?.candidates ?? [];
   const found = new Map<string, string>();
   for (const c of ofSourceJob.data?.data ?? []) {
     const al = c.served_acceptance_length;
-    found.set(c.id, `epoch ${epochOf(c.epoch)} of ${shortId(c.job_id)}${al != null ? `, served AL ${num(al, 2)}` : ""}`);
+    const of = candidates.length > 1 ? `${candidates.find((x) => x.index === c.candidate)?.name ?? c.kind} ` : "";
+    found.set(c.id, `${of}epoch ${epochOf(c.epoch)} of ${shortId(c.job_id)}${al != null ? `, served AL ${num(al, 2)}` : ""}`);
   }
   for (const job of recent.data?.data ?? []) {
     const evaluation = evaluationOf(job.evaluation);
@@ -107,7 +115,7 @@ export function PromoteForm({ deployment, onDone }: { deployment: Deployment; on
         id="promote-checkpoint_id"
         label="Checkpoint id"
         error={errors.checkpoint_id}
-        hint="A DFlash checkpoint of this project, trained for the deployment's verifier."
+        hint="A checkpoint of this project (any drafter kind), trained for the deployment's verifier."
       >
         <input
           {...described("promote-checkpoint_id", errors.checkpoint_id, true)}

@@ -22,14 +22,16 @@ type GateSpec = Schemas["GateSpec"];
 
 /** The settings a retrain keeps unless told otherwise: those of the served checkpoint's job. */
 function useDefaults(deployment: Deployment) {
-  const source = deployment.source as { kind?: string; job_id?: string };
+  const source = deployment.source as { kind?: string; job_id?: string; checkpoint_id?: string };
   const jobId = source.kind === "checkpoint" ? source.job_id : undefined;
   const job = useQuery({
     queryKey: jobKeys.job(jobId ?? ""),
     queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: jobId! } } })),
     enabled: jobId !== undefined,
   });
-  const epochs = (job.data?.speculator as { epochs?: number } | undefined)?.epochs;
+  // The served checkpoint's drafter: a bake-off's candidate it is of, else the job's speculator.
+  const served = job.data?.candidates.find((c) => source.checkpoint_id && c.checkpoint_ids.includes(source.checkpoint_id));
+  const epochs = ((served?.settings ?? job.data?.speculator) as { epochs?: number } | undefined)?.epochs;
   const gate = (job.data?.gate ?? null) as GateSpec | null;
   // undefined: not known (yet); null: the job has no such gate.
   const minAl = job.data ? (gate?.min_acceptance_length ?? null) : undefined;

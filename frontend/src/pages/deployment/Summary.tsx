@@ -42,6 +42,8 @@ export function Summary({ deployment }: { deployment: Deployment }) {
         </dd>
         <dt>Drafter</dt>
         <dd className="mono">{deployment.drafter}</dd>
+        <dt>Kind</dt>
+        <dd>{deployment.kind}</dd>
         <dt>Verifier</dt>
         <dd className="mono">{deployment.verifier}</dd>
         <dt>Speculative tokens</dt>

@@ -1,11 +1,12 @@
 // The job's checkpoints: the trainer's validation numbers (estimates), what serving measured,
-// where each is published; Publish (inline form) and Deploy per row.
+// where each is published; Publish (inline form) and Deploy per row. A bake-off's are grouped by
+// candidate, with a column that names it and its kind.
 import { Fragment, useState } from "react";
 import { useNavigate } from "react-router-dom";
 import type { Checkpoint } from "../../api/client";
 import { StatusBadge } from "../../components/status";
 import { RelTime } from "../../components/time";
-import { epochOf, evaluationOf, num } from "./model";
+import { KINDS, epochOf, evaluationOf, isBakeoff, num, type Job } from "./model";
 import { PublishForm } from "./PublishForm";
 import { VerdictBadge } from "./Verdict";
 
@@ -51,13 +52,30 @@ function Published({ checkpoint }: { checkpoint: Checkpoint }) {
   );
 }
 
-function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: string | null }) {
+function Row({
+  checkpoint,
+  suggested,
+  candidate,
+}: {
+  checkpoint: Checkpoint;
+  suggested: string | null;
+  candidate: { name: string; winner: boolean } | null; // a bake-off's candidate it is of
+}) {
   const [publishing, setPublishing] = useState(false);
   const navigate = useNavigate();
   const selected = evaluationOf(checkpoint.evaluation)?.selected;
+  // Which one, in words: "checkpoint 2" in a plain job, "checkpoint dflash-b4 epoch 2" in a bake-off.
+  const which = candidate ? `${candidate.name} epoch ${epochOf(checkpoint.epoch)}` : epochOf(checkpoint.epoch);
   return (
     <Fragment>
       <tr className={checkpoint.is_best ? "best" : undefined}>
+        {candidate && (
+          <td>
+            <strong>{candidate.name}</strong>
+            {candidate.winner && <span className="dim small"> (winner)</span>}
+            <div className="dim small">{KINDS.find((k) => k.kind === checkpoint.kind)?.label ?? checkpoint.kind}</div>
+          </td>
+        )}
         <td>
           <strong>{epochOf(checkpoint.epoch)}</strong>{" "}
           {checkpoint.is_best && (
@@ -94,7 +112,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
             <button
               type="button"
               className="small"
-              aria-label={`Publish checkpoint ${epochOf(checkpoint.epoch)}`}
+              aria-label={`Publish checkpoint ${which}`}
               aria-expanded={publishing}
               disabled={checkpoint.publish_status === "publishing"}
               onClick={() => setPublishing((open) => !open)}
@@ -104,7 +122,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
             <button
               type="button"
               className="small"
-              aria-label={`Deploy checkpoint ${epochOf(checkpoint.epoch)}`}
+              aria-label={`Deploy checkpoint ${which}`}
               onClick={() => navigate(`/deployments/new?checkpoint=${encodeURIComponent(checkpoint.id)}`)}
             >
               Deploy
@@ -114,7 +132,7 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
       </tr>
       {publishing && (
         <tr className="publish-row">
-          <td colSpan={6}>
+          <td colSpan={candidate ? 7 : 6}>
             <PublishForm checkpoint={checkpoint} suggested={suggested} onDone={() => setPublishing(false)} />
           </td>
         </tr>
@@ -123,12 +141,25 @@ function Row({ checkpoint, suggested }: { checkpoint: Checkpoint; suggested: str
   );
 }
 
-export function CheckpointsTable({ checkpoints, suggested }: { checkpoints: Checkpoint[]; suggested: string | null }) {
+export function CheckpointsTable({
+  checkpoints,
+  suggested,
+  job,
+}: {
+  checkpoints: Checkpoint[];
+  suggested: string | null;
+  job?: Job;
+}) {
+  const bakeoff = job !== undefined && isBakeoff(job);
+  const candidateOf = (c: Checkpoint) => job?.candidates.find((x) => x.index === c.candidate) ?? null;
+  // A bake-off's checkpoints by candidate (in the job's order), each candidate's by epoch.
+  const rows = bakeoff ? [...checkpoints].sort((a, b) => a.candidate - b.candidate || a.epoch - b.epoch) : checkpoints;
   return (
     <div className="table-wrap">
       <table aria-label="Checkpoints">
         <thead>
           <tr>
+            {bakeoff && <th>Candidate</th>}
             <th>Epoch</th>
             <th className="num" title="The trainer's validation loss">
               Val loss
@@ -144,9 +175,17 @@ export function CheckpointsTable({ checkpoints, suggested }: { checkpoints: Chec
           </tr>
         </thead>
         <tbody>
-          {checkpoints.map((c) => (
-            <Row key={c.id} checkpoint={c} suggested={suggested} />
-          ))}
+          {rows.map((c) => {
+            const candidate = bakeoff ? candidateOf(c) : null;
+            return (
+              <Row
+                key={c.id}
+                checkpoint={c}
+                suggested={suggested}
+                candidate={bakeoff ? { name: candidate?.name ?? `#${c.candidate + 1}`, winner: candidate?.winner ?? false } : null}
+              />
+            );
+          })}
         </tbody>
       </table>
     </div>

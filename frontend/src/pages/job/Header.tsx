@@ -6,7 +6,18 @@ import { api, must } from "../../api/client";
 import { messageOf } from "../../api/errors";
 import { StatusBadge } from "../../components/status";
 import { Duration, RelTime } from "../../components/time";
-import { isTerminal, keys, num, progressOf, STAGE_NAMES, stageProgressOf, stageStates, type Job } from "./model";
+import {
+  isBakeoff,
+  isTerminal,
+  keys,
+  num,
+  progressOf,
+  settingsText,
+  STAGE_NAMES,
+  stageProgressOf,
+  stageStates,
+  type Job,
+} from "./model";
 import { VerdictNote } from "./Verdict";
 
 function Progress({ job }: { job: Job }) {
@@ -127,11 +138,31 @@ export function JobHeader({ job }: { job: Job }) {
         <dd>
           {job.runtime}, {job.mode} mode
         </dd>
-        <dt>Speculator</dt>
-        <dd>
-          {String(spec.type ?? "dflash")}: block size {String(spec.block_size)}, {String(spec.num_layers)} layers,{" "}
-          {String(spec.epochs)} epochs, lr {String(spec.lr)}
-        </dd>
+        {isBakeoff(job) ? (
+          <>
+            <dt>Bake-off</dt>
+            <dd data-testid="job-candidates">
+              {job.candidates.length} candidates: {job.candidates.map((c) => `${c.name} (${c.kind})`).join(", ")}
+            </dd>
+            <dt>Winner</dt>
+            <dd data-testid="job-winner">
+              {job.winner ? (
+                <strong>{job.winner}</strong>
+              ) : isTerminal(job.status) ? (
+                "none"
+              ) : (
+                <span className="dim">not yet ranked</span>
+              )}
+            </dd>
+          </>
+        ) : (
+          <>
+            <dt>Speculator</dt>
+            <dd>
+              {String(spec.type ?? "dflash")}: {settingsText(spec, String(spec.type ?? "dflash"))}
+            </dd>
+          </>
+        )}
         {job.init_from && (
           <>
             <dt>Warm start</dt>

@@ -7,7 +7,7 @@ import { Stat } from "../../components/stat";
 import { Empty } from "../../components/states";
 import { AXIS, ChartCard, colorAt, tooltipNumber } from "./ChartCard";
 import type { Row } from "./metrics";
-import { epochOf, evaluationOf, isTerminal, num } from "./model";
+import { epochOf, evaluationOf, isBakeoff, isTerminal, num } from "./model";
 
 const times = (x: number | null | undefined) => (x == null ? "—" : `×${num(x, 2)}`);
 
@@ -34,8 +34,9 @@ export function ServedAcceptance({
     const chosen = evaluationOf(checkpoints?.find((c) => c.id === evaluation.checkpoint_id)?.evaluation);
     const rates = chosen?.acceptance_rate_per_position ?? evaluation.acceptance_rate_per_position;
     const positions: Row[] = rates ? rates.map((rate, i) => ({ position: i + 1, rate })) : servedPositions;
+    const bakeoff = isBakeoff(job) && evaluation.candidate != null;
     const lengths = [
-      { name: "trained drafter", value: evaluation.mean_acceptance_length },
+      { name: bakeoff ? evaluation.candidate! : "trained drafter", value: evaluation.mean_acceptance_length },
       { name: "n-gram", value: evaluation.ngram_mean_acceptance_length },
       { name: "no speculation", value: 1 },
     ].filter((row): row is { name: string; value: number } => row.value != null);
@@ -44,6 +45,12 @@ export function ServedAcceptance({
     body = (
       <>
         <p className="hint">
+          {bakeoff && (
+            <>
+              {job.winner === evaluation.candidate ? "The winner, " : "The best ranked candidate, "}
+              <strong>{evaluation.candidate}</strong> ({evaluation.kind}):{" "}
+            </>
+          )}
           The epoch {epochOf(evaluation.epoch)} checkpoint served on {evaluation.prompts ?? "?"} held-out prompts (
           {evaluation.prompt_source ?? "unknown source"}). The served mean acceptance length (tokens per verifier pass)
           decides the speedup; the trainer's eal is only its estimate.
@@ -51,7 +58,14 @@ export function ServedAcceptance({
         <div className="stats">
           <Stat label="Served mean acceptance length" value={num(evaluation.mean_acceptance_length, 2)} />
           <Stat label="n-gram acceptance length" value={num(evaluation.ngram_mean_acceptance_length, 2)} />
-          <Stat label="Speedup vs no speculation" value={times(evaluation.speedup)} />
+          <Stat
+            label={
+              evaluation.speedup != null && evaluation.speedup_spread != null && (evaluation.rounds ?? 1) > 1
+                ? `Speedup vs no speculation (±${num(evaluation.speedup_spread, 2)} over ${evaluation.rounds} rounds)`
+                : "Speedup vs no speculation"
+            }
+            value={times(evaluation.speedup)}
+          />
           <Stat label="n-gram speedup" value={times(evaluation.ngram_speedup)} />
           <Stat label="Trainer eal" note="estimate" value={num(estimate, 2)} />
           <Stat

@@ -74,3 +74,39 @@ export function trainingSeries(metrics: Metric[]): TrainingSeries {
     servedPositions,
   };
 }
+
+/** A bake-off's candidate and its own series (its trainer's metrics: MetricOut.candidate). */
+export interface CandidateSeries {
+  name: string;
+  index: number;
+  series: TrainingSeries;
+}
+
+/** Each candidate's series, from the job's metrics (a metric without a candidate is the first's). */
+export function candidateSeries(metrics: Metric[], candidates: { name: string; index: number }[]): CandidateSeries[] {
+  return candidates.map((c) => ({
+    name: c.name,
+    index: c.index,
+    series: trainingSeries(metrics.filter((m) => (m.candidate ?? 0) === c.index)),
+  }));
+}
+
+/** One row per x value, one column per candidate (its key `c<index>`), from each one's rows. */
+export function mergeCandidates(
+  candidates: CandidateSeries[],
+  pick: (s: TrainingSeries) => Row[],
+  axis: string,
+  column: string,
+): Row[] {
+  const rows = new Map<number, Row>();
+  for (const c of candidates) {
+    for (const point of pick(c.series)) {
+      const x = point[axis];
+      if (x == null || point[column] == null) continue;
+      let row = rows.get(x);
+      if (!row) rows.set(x, (row = { [axis]: x }));
+      row[`c${c.index}`] = point[column];
+    }
+  }
+  return [...rows.values()].sort((a, b) => a[axis] - b[axis]);
+}

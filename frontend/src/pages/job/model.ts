@@ -1,7 +1,7 @@
 // What the job detail page knows about a job beyond the generated schema, and small helpers.
 export type { Job } from "../../api/client";
 
-import type { Job } from "../../api/client";
+import type { Job, Schemas } from "../../api/client";
 import { isTerminal } from "../../components/status";
 import { duration } from "../../components/time";
 
@@ -30,6 +30,11 @@ export interface Evaluation {
   baseline_output_tokens_per_s?: number | null;
   engine?: string;
   selected?: boolean;
+  candidate?: string; // the candidate it is of (a bake-off's winner, or its best ranked)
+  kind?: string;
+  speedup_spread?: number | null;
+  lossless?: boolean | null;
+  rounds?: number | null;
 }
 
 export const evaluationOf = (value: unknown): Evaluation | null =>
@@ -59,13 +64,16 @@ export const keys = {
 export function progressOf(job: Job): string | null {
   const p = job.progress;
   if (!p) return null;
+  // A bake-off trains its candidates one after another: say whose progress this is.
+  const at = p.candidate != null ? job.candidates.findIndex((c) => c.name === p.candidate) : -1;
+  const who = p.candidate != null ? `${p.candidate}${at >= 0 ? ` (${at + 1} of ${job.candidates.length})` : ""} · ` : "";
   if (p.total_steps == null) {
     const later = isTerminal(job.status) ? "" : " · time left known after epoch 1";
-    return `epoch ${p.epoch}/${p.epochs} · step ${p.steps_done}${later}`;
+    return `${who}epoch ${p.epoch}/${p.epochs} · step ${p.steps_done}${later}`;
   }
-  if (p.steps_done >= p.total_steps) return `trained: ${p.total_steps} of ${p.total_steps} steps`;
+  if (p.steps_done >= p.total_steps) return `${who}trained: ${p.total_steps} of ${p.total_steps} steps`;
   const left = p.eta_seconds && !isTerminal(job.status) ? ` · about ${duration(p.eta_seconds)} left` : "";
-  return `epoch ${p.epoch}/${p.epochs} · step ${p.steps_done} of ${p.total_steps} (${p.percent}%)${left}`;
+  return `${who}epoch ${p.epoch}/${p.epochs} · step ${p.steps_done} of ${p.total_steps} (${p.percent}%)${left}`;
 }
 
 /** The progress of the stage under way after training (JobOut.stage_progress: the served
@@ -118,4 +126,86 @@ export function stageStates(job: Job): { stage: string; state: "done" | "current
           ? "current"
           : "pending",
   }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drafter kinds and a bake-off's candidates (JobOut.candidates, evaluation.leaderboard)
+// ---------------------------------------------------------------------------------------------
+
+export type Candidate = Schemas["CandidateOut"];
+export type Kind = "dflash" | "dflash2" | "dspark" | "eagle3";
+
+/** The kinds speculators trains and vLLM serves (app/schemas/drafters.py KINDS). */
+export const KINDS: { kind: Kind; label: string; block: boolean; cpu: boolean }[] = [
+  { kind: "dflash", label: "DFlash", block: true, cpu: true },
+  { kind: "dflash2", label: "DFlash 2", block: true, cpu: false },
+  { kind: "dspark", label: "DSpark", block: true, cpu: false },
+  { kind: "eagle3", label: "EAGLE-3", block: false, cpu: true },
+];
+
+/** Whether a kind drafts a block (has block_size and max_anchors): the DFlash family. */
+export const isBlockKind = (kind: string) => KINDS.find((k) => k.kind === kind)?.block ?? true;
+
+/** A job that trains several drafters and ranks them (a plain job has one candidate). */
+export const isBakeoff = (job: Job) => job.candidates.length > 1;
+
+/** The leaderboard of a bake-off's evaluation (job.evaluation.leaderboard). */
+export interface Leaderboard {
+  winner?: string | null;
+  ranking?: string[];
+  rounds?: number | null;
+  baselines?: {
+    no_speculation?: number | null; // output tokens/s of the verifier alone
+    ngram?: number | null; // output tokens/s with n-gram drafting
+    ngram_speedup?: number | null;
+    ngram_mean_acceptance_length?: number | null;
+  };
+}
+
+export function leaderboardOf(job: Job): Leaderboard | null {
+  const board = (job.evaluation as { leaderboard?: unknown } | null)?.leaderboard;
+  return board && typeof board === "object" ? (board as Leaderboard) : null;
+}
+
+/** What a candidate's training cost, in the unit that matters on its runtime: CPU seconds on
+ * the local runtime, GPU seconds on vllm, else the trainer's wall time. */
+export function costOf(candidate: Candidate, runtime: string): { seconds: number; unit: string } | null {
+  if (runtime === "local" && candidate.train_cpu_seconds != null) return { seconds: candidate.train_cpu_seconds, unit: "CPU s" };
+  if (runtime === "vllm" && candidate.train_gpu_seconds != null) return { seconds: candidate.train_gpu_seconds, unit: "GPU s" };
+  if (candidate.train_seconds != null) return { seconds: candidate.train_seconds, unit: "wall s" };
+  return null;
+}
+
+/** The unit of a job's training cost axis: that of its candidates' costs. */
+export function costUnit(job: Job): string {
+  return job.candidates.map((c) => costOf(c, job.runtime)?.unit).find(Boolean) ?? (job.runtime === "local" ? "CPU s" : job.runtime === "vllm" ? "GPU s" : "wall s");
+}
+
+/** The candidates in leaderboard order: ranked ones by rank, then the others as the job lists them. */
+export function byRank(candidates: Candidate[]): Candidate[] {
+  return [...candidates].sort((a, b) => (a.rank ?? Infinity) - (b.rank ?? Infinity) || a.index - b.index);
+}
+
+/** The checkpoint to deploy for a candidate: the one its evaluation chose, else its trainer's
+ * best (from the job's checkpoints, when given), else its latest. */
+export function deployableCheckpoint(
+  candidate: Candidate,
+  checkpoints?: Schemas["CheckpointOut"][],
+): string | null {
+  if (candidate.checkpoint_id) return candidate.checkpoint_id;
+  const own = (checkpoints ?? []).filter((c) => c.candidate === candidate.index && !c.partial);
+  const best = own.find((c) => c.is_best);
+  if (best) return best.id;
+  return candidate.checkpoint_ids.length ? candidate.checkpoint_ids[candidate.checkpoint_ids.length - 1] : null;
+}
+
+/** A drafter's settings in a few words: "block 8 · 2 layers · 2 epochs · lr 0.003". */
+export function settingsText(settings: Record<string, unknown>, kind: string): string {
+  const parts: string[] = [];
+  if (isBlockKind(kind) && settings.block_size != null) parts.push(`block ${String(settings.block_size)}`);
+  if (kind === "eagle3" && settings.ttt_steps != null) parts.push(`${String(settings.ttt_steps)} TTT steps`);
+  if (settings.num_layers != null) parts.push(`${String(settings.num_layers)} layer${settings.num_layers === 1 ? "" : "s"}`);
+  if (settings.epochs != null) parts.push(`${String(settings.epochs)} epoch${settings.epochs === 1 ? "" : "s"}`);
+  if (settings.lr != null) parts.push(`lr ${String(settings.lr)}`);
+  return parts.join(" · ");
 }
