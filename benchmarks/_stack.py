@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
@@ -24,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 # The pipeline with no stages: claim -> succeeded, nothing else.
 EMPTY_PIPELINE: list = []
@@ -300,3 +302,40 @@ def roots(base: Path) -> dict[str, str]:
         (base / name).mkdir(parents=True, exist_ok=True)
         env[f"SPECDECK_{name.upper()}_ROOT"] = str(base / name)
     return env
+
+
+# --- a new user's stack: `specdeck run`, then its API over HTTP ---------------------------------
+
+def printed_job(proc: subprocess.Popen, log: Path, timeout: float) -> tuple[str, dict]:
+    """The API key and the demo job body ``specdeck run`` prints once it is up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        key = re.search(r"API key \(project '[^']+'\): (\S+)", text)
+        body = re.search(r"-d '(\{.*\})'", text)
+        if key and body:
+            return key.group(1), json.loads(body.group(1))
+        if proc.poll() is not None:
+            raise RuntimeError(f"specdeck run exited with {proc.returncode}:\n{text[-3000:]}")
+        time.sleep(0.5)
+    raise RuntimeError(f"specdeck run printed no demo job within {timeout} s")
+
+
+def healthy(client: Any) -> bool:
+    with contextlib.suppress(Exception):
+        return client.get("/healthz").status_code == 200
+    return False
+
+
+def job_ended(client: Any, job_id: str) -> dict | None:
+    job = client.get(f"/api/jobs/{job_id}").json()
+    return job if job["status"] in ("succeeded", "failed", "cancelled") else None
+
+
+def wait_until(fn: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := fn():
+            return value
+        time.sleep(0.5)
+    raise RuntimeError(f"{what}: not done within {timeout} s")

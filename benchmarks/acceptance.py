@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,17 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks._stack import exit_on_sigterm, free_port, load, machine, table  # noqa: E402
+from benchmarks._stack import (  # noqa: E402
+    exit_on_sigterm,
+    free_port,
+    healthy,
+    job_ended,
+    load,
+    machine,
+    printed_job,
+    table,
+    wait_until,
+)
 
 SPECDECK = str(Path(sys.executable).parent / "specdeck")
 MODEL = "acceptance"  # the name each engine serves
@@ -68,16 +77,16 @@ def run_demo_job(base: Path) -> dict[str, Any]:
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
-        key, body = _printed_job(proc, log, timeout=600)
+        key, body = printed_job(proc, log, timeout=600)
         url = f"http://127.0.0.1:{port}"
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-            _wait(lambda: _healthy(client), 120, "the API")
+            wait_until(lambda: healthy(client), 120, "the API")
             ready = time.monotonic()
             created = client.post("/api/jobs", json=body)
             created.raise_for_status()
             job_id = created.json()["id"]
-            job = _wait(lambda: _ended(client, job_id), 1800, "the demo job")
+            job = wait_until(lambda: job_ended(client, job_id), 1800, "the demo job")
             finished = time.monotonic()
             if job["status"] != "succeeded":
                 raise RuntimeError(f"the demo job ended {job['status']}: {job['status_reason']}\n"
@@ -88,7 +97,7 @@ def run_demo_job(base: Path) -> dict[str, Any]:
             chatted = time.monotonic()
             # One engine at a time from here: the deployment makes way for the measurement.
             client.delete(f"/api/deployments/{first_chat['deployment_id']}")
-            _wait(lambda: client.get(f"/api/deployments/{first_chat['deployment_id']}")
+            wait_until(lambda: client.get(f"/api/deployments/{first_chat['deployment_id']}")
                   .json()["status"] == "stopped", 120, "the deployment to stop")
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -123,48 +132,13 @@ def deploy_and_chat(client: Any, checkpoint_id: str) -> dict[str, Any]:
         if status["status"] == "failed":
             raise RuntimeError(f"the deployment failed: {status.get('status_reason')}")
         return status["status"] == "ready"
-    _wait(ready, 600, "the deployment")
+    wait_until(ready, 600, "the deployment")
     reply = client.post("/v1/chat/completions", json={
         "model": "demo-dflash", "max_tokens": 32, "temperature": 0,
         "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     reply.raise_for_status()
     return {"deployment_id": deployment_id,
             "reply": reply.json()["choices"][0]["message"]["content"]}
-
-
-def _printed_job(proc: subprocess.Popen, log: Path, timeout: float) -> tuple[str, dict]:
-    """The API key and the demo job body ``specdeck run`` prints once it is up."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        key = re.search(r"API key \(project '[^']+'\): (\S+)", text)
-        body = re.search(r"-d '(\{.*\})'", text)
-        if key and body:
-            return key.group(1), json.loads(body.group(1))
-        if proc.poll() is not None:
-            raise RuntimeError(f"specdeck run exited with {proc.returncode}:\n{text[-3000:]}")
-        time.sleep(0.5)
-    raise RuntimeError(f"specdeck run printed no demo job within {timeout} s")
-
-
-def _healthy(client: Any) -> bool:
-    with contextlib.suppress(Exception):
-        return client.get("/healthz").status_code == 200
-    return False
-
-
-def _ended(client: Any, job_id: str) -> dict | None:
-    job = client.get(f"/api/jobs/{job_id}").json()
-    return job if job["status"] in ("succeeded", "failed", "cancelled") else None
-
-
-def _wait(fn: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := fn():
-            return value
-        time.sleep(0.5)
-    raise RuntimeError(f"{what}: not done within {timeout} s")
 
 
 # --- the measurement -----------------------------------------------------------------------------
@@ -201,11 +175,12 @@ def served(spec: dict[str, Any], log: Path) -> Iterator[tuple[str, float]]:
     yields its URL and the seconds it took to be ready. Stopped by process group."""
     import httpx
 
-    from app.runtimes import build_serve
+    from app.runtimes import ServeSpec, build_serve
     from workers.readiness import is_ready
 
     port = free_port()
-    command = build_serve(spec, MODEL, port=port, host="127.0.0.1", gpus=[], api_key="")
+    command = build_serve(ServeSpec(**spec), MODEL, port=port, host="127.0.0.1", gpus=[],
+                          api_key="")
     started = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(command.argv, env={**os.environ, **command.env}, stdout=out,
@@ -219,7 +194,7 @@ def served(spec: dict[str, Any], log: Path) -> Iterator[tuple[str, float]]:
                                    + log.read_text(errors="replace")[-3000:])
             return is_ready(client, url, MODEL)
         with httpx.Client(timeout=5) as client:
-            _wait(ready, 300, "vLLM")
+            wait_until(ready, 300, "vLLM")
         yield url, time.monotonic() - started
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -233,7 +208,7 @@ def measure_mode(name: str, spec: dict[str, Any], prompts: list[list[dict[str, s
     the machine may be shared); the acceptance length from vLLM's /metrics around them."""
     import httpx
 
-    from workers.pipeline.evaluate import acceptance, parse_counters
+    from workers.pipeline.counters import acceptance, parse_counters
 
     with served(spec, work / f"{name}.log") as (url, start_seconds), \
             httpx.Client(base_url=url, timeout=600) as client:
@@ -263,8 +238,7 @@ def measure_pair(verifier: Path, drafter: Path, prompts: list[list[dict[str, str
     from speculators.models.dflash import DFlashSpeculatorConfig
 
     tokens = DFlashSpeculatorConfig.from_pretrained(drafter).block_size - 1
-    base = {"verifier": str(verifier), "runtime": "local", "num_speculative_tokens": tokens,
-            "resources": {"tensor_parallel_size": 1}}
+    base = {"verifier": str(verifier), "runtime": "local", "num_speculative_tokens": tokens}
     specs = {
         "dflash": {**base, "method": "dflash", "drafter": str(drafter)},
         "untrained": {**base, "method": "dflash",

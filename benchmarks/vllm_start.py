@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.runtimes import JobPaths  # noqa: E402
 from app.runtimes.vllm import CPU_ENV, CPU_SERVER_MODULE, verifier_server_argv  # noqa: E402
+from app.schemas.job_spec import JobSpec  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from benchmarks._stack import free_port, load, machine, ratio, table  # noqa: E402
 
@@ -49,9 +50,11 @@ HZ = os.sysconf("SC_CLK_TCK")
 def server_argv(model: Path, layers: int, work: Path, port: int) -> list[str]:
     """The worker's command for a hidden-states server of ``model`` on ``port``."""
     paths = JobPaths.for_job(Settings(work_root=work, logs_root=work), f"bench-{port}")
-    spec = {"verifier_info": {"reference": str(model), "num_hidden_layers": layers},
-            "speculator": {"target_layer_ids": [2, layers // 2, layers - 3]},
-            "resources": {"verifier": {"tensor_parallel_size": 1, "data_parallel_size": 1}}}
+    spec = JobSpec.load({
+        "verifier": str(model), "dataset": "-", "runtime": "local",
+        "verifier_info": {"reference": str(model), "source": "local", "num_hidden_layers": layers,
+                          "hidden_size": 0, "vocab_size": 0},  # not read by this command
+        "speculator": {"target_layer_ids": [2, layers // 2, layers - 3]}})
     return verifier_server_argv(spec, paths, port, cpu=True)
 
 

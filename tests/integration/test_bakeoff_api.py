@@ -191,3 +191,47 @@ def test_a_job_of_one_drafter_of_another_kind_trains_and_serves_that_kind(api: A
     engine = next(s for s in stages if s["stage"] == "evaluating")
     config = json.loads(engine["argv"][engine["argv"].index("--speculative-config") + 1])
     assert (config["method"], config["num_speculative_tokens"]) == ("eagle3", 4)
+
+
+def test_any_candidate_deploys_and_a_retrain_keeps_its_kind_and_settings(
+        api: Api, job_body, stack: Stack) -> None:
+    """A bake-off's EAGLE-3 checkpoint (not the winner, say) deploys as EAGLE-3, and a retrain
+    of that deployment warm-starts from it with its kind and settings, not the job's first."""
+    from app.db import session_scope
+    from app.db.models import Checkpoint
+
+    job = api.post("/api/jobs", json=bakeoff(
+        job_body, {"type": "dflash"}, {"type": "eagle3", "ttt_steps": 4, "lr": 0.01})).json()
+    directory = Path(stack.env["SPECDECK_WORK_ROOT"]) / job["id"] / "candidates" / "eagle3" / "0"
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({
+        "speculators_model_type": "eagle3", "aux_hidden_state_layer_ids": [2, 4, 5],
+        "draft_vocab_size": 512, "transformer_layer_config": {"num_hidden_layers": 1},
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": 4}]}}))
+    with session_scope() as session:
+        checkpoint = Checkpoint(job_id=job["id"], candidate=1, kind="eagle3", epoch=0,
+                                path=str(directory), is_best=True)
+        session.add(checkpoint)
+        session.flush()
+        checkpoint_id = checkpoint.id
+    listed = api.get(f"/api/jobs/{job['id']}/checkpoints").json()["data"]
+    assert [(c["candidate"], c["kind"]) for c in listed] == [(1, "eagle3")]
+
+    created = api.post("/api/deployments", json={"name": "eagle", "checkpoint_id": checkpoint_id})
+    assert created.status_code == 201, created.text
+    deployment = created.json()
+    assert deployment["kind"] == "eagle3" and deployment["num_speculative_tokens"] == 4
+
+    retrain = api.post(f"/api/deployments/{deployment['id']}/retrain",
+                       json={"dataset": job_body()["dataset"], "speculator": {"epochs": 1}})
+    assert retrain.status_code == 201, retrain.text
+    out = retrain.json()
+    assert out["init_from"] == checkpoint_id
+    assert out["speculator"]["type"] == "eagle3" and out["speculator"]["ttt_steps"] == 4
+    assert (out["speculator"]["lr"], out["speculator"]["epochs"]) == (0.01, 1)
+    assert out["speculator"]["num_layers"] == 1  # the checkpoint's shape
+    [trainer] = [s for s in api.get(f"/api/jobs/{out['id']}/plan").json()["stages"]
+                 if s["stage"] == "training"]
+    argv = trainer["argv"]
+    assert argv[argv.index("--speculator-type") + 1] == "eagle3"
+    assert argv[argv.index("--from-pretrained") + 1] == str(directory)
