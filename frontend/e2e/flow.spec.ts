@@ -1,6 +1,6 @@
 // The dashboard's whole story, as a user clicks through it (issue 10, "Done when"): sign in,
-// upload data, train the demo drafter, watch it live, deploy its best checkpoint with traffic
-// capture on, chat with it, watch its live acceptance and capture, promote it to the other
+// upload data, train the demo bake-off (three drafters, issue 58), watch it live and its
+// leaderboard fill in, deploy a candidate that did not win with traffic capture on, chat with it, watch its live acceptance and capture, promote it to the other
 // epoch's checkpoint and roll it back (issue 12), retrain it and cancel that job, see a refused
 // delete, store a secret, add a webhook and follow its deliveries, revoke the key in use.
 // One browser tab for all of it; each numbered step is a test.step, so a failure names it.
@@ -52,47 +52,78 @@ test.describe.serial("the demo flow", () => {
   let datasetId = "";
   let jobId = "";
   let deploymentId = "";
+  let runnerUp = ""; // the bake-off's candidate that is deployed: ranked second, not the winner
 
   test.beforeAll(() => {
     clearState();
     page = tab();
   });
 
-  /** Fill the New job form for the demo verifier (its "Use demo settings" when the form has it). */
-  async function newDemoJob(options: { name: string; epochs: number; evaluate: boolean }): Promise<string> {
+  /** Fill the New job form from its demo preset, a bake-off of three drafters the CPU can serve
+   * (dflash-b8, dflash-b4, eagle3), checking its kind-specific fields and a kind the local runtime
+   * refuses on the way. */
+  async function newDemoJob(options: { name: string; epochs: number }): Promise<string> {
     await page.goto("/jobs");
     await page.getByRole("link", { name: "New job" }).or(page.getByRole("button", { name: "New job" })).click();
     await expect(page).toHaveURL(/\/jobs\/new$/);
     await expect(page.getByRole("button", { name: "Create job" })).toBeVisible();
-    const demo = page.getByRole("button", { name: /use demo settings/i });
-    if (await demo.isVisible()) {
-      await demo.click();
-    } else {
-      await page.getByLabel("Verifier", { exact: true }).fill("demo");
-      await page.getByLabel("Runtime", { exact: true }).selectOption("local");
-      await page.getByLabel("Block size", { exact: true }).fill("8");
-      await page.getByLabel("Draft layers", { exact: true }).fill("2");
-      await page.getByLabel("Max anchors", { exact: true }).fill("32");
-      await page.getByLabel("Sequence length", { exact: true }).fill("512");
-      await page.getByLabel("Learning rate", { exact: true }).fill("0.003");
-    }
+    await page.getByRole("button", { name: /use demo settings/i }).click();
     // Under the local runtime there are no GPUs to choose; the form says what suits a CPU.
     await expect(page.getByTestId("local-resources")).toBeVisible();
+    await expect(page.getByTestId("local-resources")).toContainText("dspark and dflash2 need a GPU host");
     await expect(page.getByLabel(/^Trainer GPUs/)).toHaveCount(0);
+    // The preset is a bake-off: three candidates the CPU can serve, sharing the demo's settings.
+    const rows = page.getByRole("group", { name: /^Candidate \d$/ });
+    await expect(rows).toHaveCount(3);
+    await expect(page.getByLabel("Kind of candidate 1", { exact: true })).toHaveValue("dflash");
+    await expect(page.getByLabel("Name of candidate 1", { exact: true })).toHaveValue("dflash-b8");
+    await expect(page.getByLabel("Block size of candidate 1", { exact: true })).toHaveValue("8");
+    await expect(page.getByLabel("Block size of candidate 2", { exact: true })).toHaveValue("4");
+    await expect(page.getByLabel("Layers of candidate 2", { exact: true })).toHaveValue("1");
+    await expect(page.getByLabel("Kind of candidate 3", { exact: true })).toHaveValue("eagle3");
+    // Kind-specific fields: an EAGLE-3 drafter has no block size and no max anchors.
+    await expect(page.getByLabel("Block size of candidate 3", { exact: true })).toHaveCount(0);
+    await expect(page.getByLabel("Layers of candidate 3", { exact: true })).toHaveValue("1");
+    await expect(page.getByLabel("Max anchors", { exact: true })).toHaveValue("32");
+    await page.getByLabel("Kind", { exact: true }).selectOption("eagle3");
+    await expect(page.getByLabel("Block size", { exact: true })).toHaveCount(0);
+    await expect(page.getByLabel("Max anchors", { exact: true })).toHaveCount(0);
+    await expect(page.getByLabel("TTT steps", { exact: true })).toHaveValue("3");
+    await page.getByLabel("Kind", { exact: true }).selectOption("dflash");
+    await expect(page.getByLabel("Block size", { exact: true })).toHaveValue("8");
+
     await page.getByLabel("Name", { exact: true }).fill(options.name);
     const dataset = page.getByLabel("Dataset", { exact: true });
     await expect(dataset.locator(`option[value="${datasetId}"]`)).toHaveCount(1);
     await dataset.selectOption(datasetId);
+    // Every candidate takes the shared epochs (its own field left empty shows them greyed).
     await page.getByLabel("Epochs", { exact: true }).fill(String(options.epochs));
-    await page.getByLabel("Evaluate after training", { exact: true }).setChecked(options.evaluate);
-    if (options.evaluate) {
-      await fillIfPresent(page, /^(evaluation )?prompts$/i, "4");
-      await fillIfPresent(page, /^(evaluation )?max (new )?tokens$/i, "32");
-      // The served acceptance length is what the flow checks: no baseline servers (each is a
-      // vLLM start on the CPU), unticked as a user in a hurry would.
-      await page.getByLabel(/^Measure the speedup/).setChecked(false);
-      await page.getByLabel(/^Compare with n-gram/).setChecked(false);
-    }
+    await expect(page.getByLabel("Epochs of candidate 2", { exact: true })).toHaveAttribute("placeholder", String(options.epochs));
+    await page.getByLabel("Evaluate after training", { exact: true }).setChecked(true);
+    await fillIfPresent(page, /^(evaluation )?prompts$/i, "4");
+    await fillIfPresent(page, /^(evaluation )?max (new )?tokens$/i, "32");
+    // The bake-off is ranked by speedup: the verifier alone and n-gram drafting are served beside
+    // the candidates (the API's defaults), in rounds.
+    await expect(page.getByLabel(/^Measure the speedup/)).toBeChecked();
+    await expect(page.getByLabel(/^Compare with n-gram/)).toBeChecked();
+    await expect(page.getByLabel("Rounds", { exact: true })).toHaveValue("3");
+
+    // A kind the local runtime cannot serve: the API's 422 at that candidate's Kind field.
+    const kind2 = page.getByLabel("Kind of candidate 2", { exact: true });
+    await kind2.selectOption("dspark");
+    await page.getByRole("button", { name: "Create job" }).click();
+    await expect(kind2).toHaveAttribute("aria-invalid", "true");
+    await expect(kind2).toHaveAccessibleDescription(/dspark .*GPU.*vllm runtime/);
+    await expect(page).toHaveURL(/\/jobs\/new$/);
+    await screenshotSizes(page, page.getByRole("group", { name: "Bake-off candidates" }), "new-job-bakeoff");
+    await kind2.selectOption("dflash");
+    await expect(kind2).not.toHaveAttribute("aria-invalid", "true");
+    await expect(page.getByLabel("Block size of candidate 2", { exact: true })).toHaveValue("4");
+    // The plan preview: the API plans the bake-off without a complaint.
+    const plan = page.getByRole("region", { name: "Plan preview" });
+    await expect(plan.locator(".plan-stages > li").first()).toBeVisible({ timeout: 30_000 });
+    await expect(plan.getByRole("alert")).toHaveCount(0);
+
     await page.getByRole("button", { name: "Create job" }).click();
     await expect(page).toHaveURL(/\/jobs\/job_[0-9a-f]+$/, { timeout: 30_000 });
     const id = new URL(page.url()).pathname.split("/").pop()!;
@@ -158,9 +189,12 @@ test.describe.serial("the demo flow", () => {
     });
   });
 
-  test("train the demo drafter and watch it", async () => {
-    await test.step("4. create the demo job through the New job form", async () => {
-      jobId = await newDemoJob({ name: JOB_NAME, epochs: 2, evaluate: true });
+  test("train the demo bake-off and watch it", async () => {
+    // Three candidates trained one after another, then five engines served side by side, on two
+    // cores: a bound for a hang, not a goal.
+    test.setTimeout(30 * 60_000);
+    await test.step("4. create the demo bake-off through the New job form", async () => {
+      jobId = await newDemoJob({ name: JOB_NAME, epochs: 2 });
       saveState({ jobId });
     });
 
@@ -182,6 +216,24 @@ test.describe.serial("the demo flow", () => {
     await test.step("5. the job moves through its stages live", async () => {
       // A mark in this document: still there at the end means the page never reloaded.
       await page.evaluate(() => ((window as unknown as { e2eMark: boolean }).e2eMark = true));
+      // The leaderboard is there from the start, every candidate listed; what each row's status
+      // says is recorded as it changes (checked in step 7c: the table filled in live).
+      const board = page.getByRole("table", { name: "Leaderboard" });
+      await expect(board.locator("tbody tr")).toHaveCount(3);
+      await page.evaluate(() => {
+        const seen: Record<string, string[]> = {};
+        (window as unknown as { e2eStatuses: typeof seen }).e2eStatuses = seen;
+        const record = () => {
+          for (const row of Array.from(document.querySelectorAll<HTMLElement>("tr[data-candidate]"))) {
+            const name = row.dataset.candidate!;
+            const status = row.querySelector('[data-label="Status"] .badge')?.textContent ?? "";
+            const list = (seen[name] ??= []);
+            if (status && list[list.length - 1] !== status) list.push(status);
+          }
+        };
+        record();
+        new MutationObserver(record).observe(document.body, { subtree: true, childList: true, characterData: true });
+      });
       const events = page.getByRole("list", { name: "Event timeline" }).getByRole("listitem");
       await expect(status).toBeVisible();
       const first = await events.count();
@@ -206,7 +258,7 @@ test.describe.serial("the demo flow", () => {
       expect(await page.evaluate(() => (window as unknown as { e2eMark?: boolean }).e2eMark)).toBe(true);
     });
 
-    await test.step("6. the training loss chart has data points, and the progress counts steps", async () => {
+    await test.step("6. the training loss chart has data points, and the progress counts steps of a candidate", async () => {
       const loss = page.getByRole("region", { name: "Training loss" });
       await expect
         .poll(() => loss.locator(".recharts-line-dot, .recharts-dot").count(), { timeout: 6 * 60_000 })
@@ -216,11 +268,11 @@ test.describe.serial("the demo flow", () => {
       await expect(page.locator(".job-head .progress")).toContainText(/step \d+|trained: \d+ of \d+ steps/, {
         timeout: 6 * 60_000,
       });
-      // In the second epoch the total is known: steps of all, the percent and the time left
-      // (the whole epoch long; the page asks every 2 s).
+      // In a candidate's second epoch its total is known: steps of all, the percent and the time
+      // left (the whole epoch long; the page asks every 2 s). The progress names the candidate.
       await expect(page.locator(".job-head .progress")).toContainText(
-        /epoch 2\/2 · step \d+ of \d+ \(\d+(\.\d)?%\) · about (\d+[hms] ?)+left/,
-        { timeout: 6 * 60_000 },
+        /^(dflash-b8|dflash-b4|eagle3) \([123] of 3\) · epoch 2\/2 · step \d+ of \d+ \(\d+(\.\d)?%\) · about (\d+[hms] ?)+left/,
+        { timeout: 8 * 60_000 },
       );
       await page.locator(".job-head").screenshot({ path: screenshotPath("job-training-eta", 1280, 800) });
     });
@@ -230,20 +282,22 @@ test.describe.serial("the demo flow", () => {
       // seconds on a CPU, so the page (which asks every 2 s) sees the bar.
       const evaluating = page.getByTestId("stage-progress");
       await expect(evaluating).toContainText(/(starting the engines? for|serving|prompt \d+ of \d+ done).* · \d+ of \d+ steps \(\d+(\.\d)?%\)/, {
-        timeout: 8 * 60_000,
+        timeout: 15 * 60_000,
       });
       await expect(page.getByRole("progressbar", { name: "Evaluate progress" })).toBeVisible();
       await page.locator(".job-head").screenshot({ path: screenshotPath("job-evaluating", 1280, 800) });
     });
 
-    await test.step("7. the job succeeds with an evaluated best checkpoint", async () => {
-      await expect(status).toHaveText(TERMINAL, { timeout: 8 * 60_000 });
+    await test.step("7. the job succeeds with an evaluated best checkpoint per candidate", async () => {
+      await expect(status).toHaveText(TERMINAL, { timeout: 10 * 60_000 });
       await expect(status).toHaveText(/succeeded/i);
       const checkpoints = page.getByRole("table", { name: "Checkpoints" });
-      await expect(checkpoints.getByRole("row").filter({ hasText: /\bbest\b/ }).first()).toBeVisible();
+      // Grouped by candidate, each with its trainer's best.
+      for (const name of ["dflash-b8", "dflash-b4", "eagle3"])
+        await expect(checkpoints.getByRole("row").filter({ hasText: name }).filter({ hasText: /\bbest\b/ })).toHaveCount(1);
       await expect(page.getByRole("region", { name: "Served acceptance", exact: true })).toContainText(/\d\.\d/);
       const progress = page.getByRole("progressbar", { name: "Training progress" });
-      await expect(page.locator(".job-head .progress")).toContainText(/^trained: (\d+) of \1 steps$/);
+      await expect(page.locator(".job-head .progress")).toContainText(/^[\w.-]+ \([123] of 3\) · trained: (\d+) of \1 steps$/);
       await expect(page.getByRole("list", { name: "Pipeline stages" }).locator('[data-state="done"]')).toHaveCount(4);
       expect(await progress.getAttribute("value")).toBe(await progress.getAttribute("max")); // full
     });
@@ -264,15 +318,60 @@ test.describe.serial("the demo flow", () => {
       expect(metrics.filter((r) => !r.url.searchParams.has("after")).length, "whole metric fetches").toBeLessThanOrEqual(1);
       expect(metrics.length, "metrics were refreshed while the job ran").toBeGreaterThan(1);
     });
+
+    await test.step("7c. the leaderboard filled in live: ranks, the winner in words, baselines, speedup against cost", async () => {
+      const leaderboard = page.getByRole("region", { name: "Leaderboard" });
+      const rows = leaderboard.getByRole("table", { name: "Leaderboard" }).locator("tbody tr");
+      await expect(rows).toHaveCount(3);
+      // Each row's status as the page showed it over the run: every candidate was seen before
+      // it was evaluated (pending or training), and ends evaluated.
+      const seen = await page.evaluate(() => (window as unknown as { e2eStatuses: Record<string, string[]> }).e2eStatuses);
+      for (const name of ["dflash-b8", "dflash-b4", "eagle3"]) {
+        const statuses = seen[name] ?? [];
+        expect(statuses[statuses.length - 1], `${name}: ${statuses.join(" → ")}`).toBe("evaluated");
+        expect(statuses.length, `${name} changed on the page: ${statuses.join(" → ")}`).toBeGreaterThan(1);
+        expect(statuses.some((s) => s === "pending" || s === "training"), `${name}: ${statuses.join(" → ")}`).toBe(true);
+      }
+      // Best first: ranks 1 to 3, the winner said in words (and in the header), a speedup ± its spread each.
+      await expect(rows.locator('[data-label="Rank"]')).toHaveText([/^#1/, /^#2/, /^#3/]);
+      await expect(rows.first().getByTestId("winner-badge")).toHaveText("winner");
+      await expect(leaderboard.getByTestId("winner-badge")).toHaveCount(1);
+      const winner = (await rows.first().getAttribute("data-candidate"))!;
+      await expect(page.getByTestId("job-winner")).toHaveText(winner);
+      await expect(leaderboard.getByTestId("leaderboard-winner")).toContainText(`Winner: ${winner}`);
+      await expect(rows.locator('[data-label="Speedup"]')).toHaveText([/^×\d+(\.\d+)? ±\d/, /^×\d/, /^×\d/]);
+      await expect(rows.locator('[data-label="Lossless"]').first()).toContainText(/^yes \(4\/4\)/);
+      await expect(rows.locator('[data-label="Training cost"]').first()).toContainText(/CPU/);
+      // The baselines the speedups are measured against.
+      const baselines = leaderboard.getByRole("group", { name: "Baselines" });
+      await expect(baselines).toContainText(/\d tok\/s\s*No speculation/);
+      await expect(baselines).toContainText(/\d tok\/s\s*n-gram drafting/);
+      // A point per candidate on the chart; the winner's is labelled as such.
+      const chart = leaderboard.getByRole("region", { name: "Speedup against training cost" });
+      await expect(chart.locator(".recharts-scatter-symbol")).toHaveCount(3);
+      await expect(chart).toContainText(new RegExp(`${winner}\\s*\\(winner\\)`));
+      // Each candidate's training loss is a line of its own.
+      await expect(page.getByRole("region", { name: "Training loss" }).locator(".recharts-legend-item")).toHaveCount(3);
+      runnerUp = (await rows.nth(1).getAttribute("data-candidate"))!;
+      await screenshotSizes(page, leaderboard, "job-leaderboard");
+    });
   });
 
-  test("deploy the best checkpoint and chat with it", async () => {
-    await test.step("8. deploy with capture on, wait for ready, stream an answer in the playground", async () => {
+  test("deploy a candidate that did not win and chat with it", async () => {
+    await test.step("8. deploy the runner-up from its leaderboard row with capture on, wait for ready, stream an answer in the playground", async () => {
       await page.goto(`/jobs/${jobId}`);
-      const best = page.getByRole("table", { name: "Checkpoints" }).getByRole("row").filter({ hasText: /\bbest\b/ });
-      await best.getByRole("button", { name: /^Deploy checkpoint/ }).first().click();
+      const row = page.getByRole("table", { name: "Leaderboard" }).locator(`tr[data-candidate="${runnerUp}"]`);
+      await expect(row.getByTestId("winner-badge")).toHaveCount(0);
+      await row.getByRole("button", { name: `Deploy candidate ${runnerUp}` }).click();
       await expect(page).toHaveURL(/\/deployments\/new\?checkpoint=ckpt_/);
       await expect(page.getByLabel("Checkpoint id", { exact: true })).toHaveValue(/^ckpt_/);
+      // The form says which candidate it is, and that it did not win.
+      await expect(page.getByTestId("deploy-candidate")).toContainText(runnerUp);
+      await expect(page.getByTestId("deploy-candidate")).toContainText("not the winner");
+      // A candidate whose evaluation found it slower than no speculation is deployed only when
+      // confirmed (this machine's speed decides; verdict.spec.ts checks that path on its own).
+      const anyway = page.getByLabel(/^Deploy it anyway/);
+      if (await anyway.count()) await anyway.check();
       await page.getByLabel("Name", { exact: true }).fill(DEPLOYMENT_NAME);
       // Capture is opt-in; ticked, it shows the API's defaults.
       await expect(page.getByLabel("Sample rate", { exact: true })).toHaveCount(0);
@@ -394,10 +493,14 @@ test.describe.serial("the demo flow", () => {
       await expect(checkpoint).toHaveAccessibleDescription(/no checkpoint with id/);
     });
 
-    await test.step("11. promote to the job's other checkpoint: the switch succeeds, the new drafter is measured", async () => {
+    await test.step("11. promote to the candidate's other checkpoint: the switch succeeds, the new drafter is measured", async () => {
       const pick = promotions.getByLabel("Pick a checkpoint", { exact: true });
-      other = (await pick.locator("option").nth(1).getAttribute("value")) ?? "";
-      expect(other, "the job's other epoch is offered").toMatch(/^ckpt_[0-9a-f]{24}$/);
+      // The bake-off's checkpoints are offered by candidate and epoch: the served candidate's other one.
+      const offered = await pick.locator("option").allTextContents();
+      const index = offered.findIndex((label) => label.startsWith(`${runnerUp} epoch `));
+      expect(index, `${runnerUp}'s other epoch is offered: ${offered.join(" | ")}`).toBeGreaterThan(0);
+      other = (await pick.locator("option").nth(index).getAttribute("value")) ?? "";
+      expect(other, "the candidate's other epoch is offered").toMatch(/^ckpt_[0-9a-f]{24}$/);
       await pick.selectOption(other);
       await expect(promotions.getByLabel("Checkpoint id", { exact: true })).toHaveValue(other);
       // The live chart's tooltip, shown at its right end and hidden again, stays where it was:
@@ -501,8 +604,16 @@ test.describe.serial("the demo flow", () => {
       await expect(page.getByLabel("Epochs", { exact: true })).toHaveValue("2");
       await expect(page.getByLabel("Block size", { exact: true })).toHaveValue("8");
       await expect(page.getByLabel("Evaluate after training", { exact: true })).toBeChecked();
-      await expect(page.getByLabel(/^Measure the speedup/)).not.toBeChecked();
-      await expect(page.getByLabel(/^Compare with n-gram/)).not.toBeChecked();
+      await expect(page.getByLabel(/^Measure the speedup/)).toBeChecked();
+      await expect(page.getByLabel(/^Compare with n-gram/)).toBeChecked();
+      // Its candidates come with it: their kinds, names and the settings where they differ.
+      await expect(page.getByRole("group", { name: /^Candidate \d$/ })).toHaveCount(3);
+      for (const [n, kind, name] of [[1, "dflash", "dflash-b8"], [2, "dflash", "dflash-b4"], [3, "eagle3", "eagle3"]]) {
+        await expect(page.getByLabel(`Kind of candidate ${n}`, { exact: true })).toHaveValue(String(kind));
+        await expect(page.getByLabel(`Name of candidate ${n}`, { exact: true })).toHaveValue(String(name));
+      }
+      await expect(page.getByLabel("Block size of candidate 2", { exact: true })).toHaveValue("4");
+      await expect(page.getByLabel("Layers of candidate 3", { exact: true })).toHaveValue("1");
       // The copy is a valid job: the API plans it (POST /api/jobs/plan) without a complaint.
       await expect(page.getByTestId("local-resources")).toBeVisible();
       const plan = page.getByRole("region", { name: "Plan preview" });

@@ -18,9 +18,9 @@ from tests.conftest import ROOT
 from tests.e2e.conftest import free_port
 from tests.support.specdeck_run import processes_in, seed_demo, start
 
-# Generous: the flow trains on the CPU, and run on its own the test also makes the session's
-# demo assets (minutes on 2 cores).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+# Generous: the flow trains a bake-off of three drafters on the CPU, and run on its own the test
+# also makes the session's demo assets (minutes on 2 cores).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 FRONTEND = ROOT / "frontend"
 DIST = FRONTEND / "dist"
@@ -51,35 +51,53 @@ SLOWER = {"mean_acceptance_length": 1.42, "ngram_mean_acceptance_length": 1.9, "
 
 
 def store_a_slower_copy(database: Path, job_id: str) -> str:
-    """A succeeded copy of ``job_id`` and of its best checkpoint, evaluated as SLOWER; its id.
-    Its metrics are the job's with every loss 1.5 times as high (a worse run, for the compare
+    """A succeeded job of one drafter, copied from the flow's bake-off ``job_id``: its headline
+    candidate (the winner) with its evaluated checkpoint, evaluated as SLOWER; its id. Its
+    metrics are that candidate's with every loss 1.5 times as high (a worse run, for the compare
     page's curves to tell apart)."""
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
-    from app.db.models import Checkpoint, Job, JobMetric
+    from app.db.models import Checkpoint, Job, JobCandidate, JobMetric
 
     engine = create_engine(f"sqlite:///{database}", connect_args={"timeout": 30})
     try:
         with Session(engine) as session, session.begin():
             job = session.get(Job, job_id)
-            best = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
-                                                            Checkpoint.is_best)).one()
+            evaluation = job.evaluation or {}
+            rows = session.scalars(select(JobCandidate).where(JobCandidate.job_id == job_id)
+                                   .order_by(JobCandidate.idx)).all()
+            chosen = next((r for r in rows if r.name == evaluation.get("candidate")), rows[0])
+            best = session.get(Checkpoint, evaluation["checkpoint_id"])
+            # The spec of a job that trained that candidate alone.
+            drafter = next((c["drafter"] for c in job.spec.get("bakeoff") or []
+                            if c["index"] == chosen.idx), job.spec["speculator"])
+            spec = {**job.spec, "speculator": drafter, "bakeoff": []}
             copy = Job(project_id=job.project_id, status="succeeded", stage=job.stage,
-                       spec=job.spec, started_at=job.started_at, finished_at=job.finished_at,
-                       steps_per_epoch=job.steps_per_epoch)
+                       spec=spec, started_at=job.started_at, finished_at=job.finished_at,
+                       steps_per_epoch=chosen.steps_per_epoch or job.steps_per_epoch)
             session.add(copy)
             session.flush()
-            checkpoint = Checkpoint(job_id=copy.id, epoch=best.epoch, path=best.path,
-                                    metrics=best.metrics, is_best=True,
-                                    evaluation={**(best.evaluation or {}), **SLOWER})
+            checkpoint = Checkpoint(job_id=copy.id, candidate=0, kind=chosen.kind,
+                                    epoch=best.epoch, path=best.path, metrics=best.metrics,
+                                    is_best=True, evaluation={**(best.evaluation or {}), **SLOWER})
             session.add(checkpoint)
             session.flush()
-            copy.evaluation = {**(job.evaluation or {}), **SLOWER, "checkpoint_id": checkpoint.id}
-            for metric in session.scalars(select(JobMetric).where(JobMetric.job_id == job_id)):
+            headline = {k: v for k, v in evaluation.items() if k != "leaderboard"}
+            copy.evaluation = {**headline, **SLOWER, "checkpoint_id": checkpoint.id,
+                               "candidate": chosen.kind}
+            session.add(JobCandidate(
+                job_id=copy.id, idx=0, name=chosen.kind, kind=chosen.kind, status="evaluated",
+                steps_per_epoch=chosen.steps_per_epoch, train_seconds=chosen.train_seconds,
+                train_cpu_seconds=chosen.train_cpu_seconds,
+                evaluation={**(chosen.evaluation or {}), **SLOWER, "checkpoint_id": checkpoint.id,
+                            "rank": 1, "winner": True, "tied_with": []}))
+            for metric in session.scalars(select(JobMetric).where(
+                    JobMetric.job_id == job_id, JobMetric.candidate == chosen.idx)):
                 worse = 1.5 if "loss" in metric.name else 1.0
-                session.add(JobMetric(job_id=copy.id, step=metric.step, epoch=metric.epoch,
-                                      name=metric.name, value=metric.value * worse))
+                session.add(JobMetric(job_id=copy.id, candidate=0, step=metric.step,
+                                      epoch=metric.epoch, name=metric.name,
+                                      value=metric.value * worse))
             return copy.id
     finally:
         engine.dispose()
@@ -120,7 +138,7 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
         # its drafter is slower than no speculation, for verdict.spec.ts; then every page.
         playwright = subprocess.run([npx, "playwright", "test", "flow.spec.ts"], cwd=FRONTEND,
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, timeout=1800)
+                                    text=True, timeout=2700)
         if playwright.returncode == 0:
             state = json.loads(Path(env["SPECDECK_E2E_STATE"]).read_text())
             env["SPECDECK_SLOW_JOB"] = store_a_slower_copy(tmp_path / "var" / "specdeck.db",
@@ -141,7 +159,8 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
         rc = playwright.returncode
         assert rc == 0, (f"Playwright failed (screenshots, traces: {ARTIFACTS}):\n{playwright.stdout}\n"
                          f"--- specdeck run ---\n{run.output()[-20000:]}")
-        for page in ("sign-in", "jobs", "job-detail", "deployment-detail", "new-deployment-capture",
+        for page in ("sign-in", "jobs", "job-detail", "job-leaderboard", "new-job-bakeoff",
+                     "deployment-detail", "new-deployment-capture",
                      "deployment-flywheel", "deployment-promote", "deployment-retrain", "datasets",
                      "settings"):
             for size in ("1280x800", "390x844"):

@@ -210,7 +210,7 @@ function Baselines({ job }: { job: Job }) {
   if (!b) return null;
   const tokens = (x: number | null | undefined) => (x == null ? "—" : `${num(x, 1)} tok/s`);
   return (
-    <div className="stats" aria-label="Baselines">
+    <div className="stats" role="group" aria-label="Baselines">
       <Stat label="No speculation (verifier alone)" value={tokens(b.no_speculation)} />
       <Stat label="n-gram drafting" value={tokens(b.ngram)} />
       <Stat label="n-gram speedup" value={times(b.ngram_speedup)} />
