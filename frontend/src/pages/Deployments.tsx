@@ -67,7 +67,10 @@ export default function Deployments() {
                       <td className="num nowrap" title="ready of wanted">
                         {d.replica_states.filter((r) => r.status === "ready").length}/{d.replicas}
                       </td>
-                      <td className="hide-narrow mono wrap-anywhere">{d.drafter}</td>
+                      <td className="hide-narrow wrap-anywhere">
+                        <span className="mono">{d.drafter}</span>
+                        <div className="dim">{d.kind}</div>
+                      </td>
                       <td className="hide-narrow mono wrap-anywhere">{d.verifier}</td>
                       <td className="num hide-narrow">{d.restarts}</td>
                       <td className="hide-narrow">{d.runtime}</td>

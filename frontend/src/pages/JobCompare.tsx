@@ -125,7 +125,9 @@ function FiguresTable({ entries, many }: { entries: Entry[]; many: boolean }) {
     [
       "Training cost",
       (e) => {
-        const cost = e.candidate ? costOf(e.candidate, e.job.runtime) : null;
+        // A job of one drafter: its one candidate's.
+        const candidate = e.candidate ?? e.job.candidates[0];
+        const cost = candidate ? costOf(candidate, e.job.runtime) : null;
         return cost ? `${duration(cost.seconds)} ${cost.unit.replace(" s", "")}` : "—";
       },
     ],
@@ -199,7 +201,8 @@ export default function JobCompare() {
     })),
   });
 
-  const heading = <h1 className="jobs-title">Compare jobs</h1>;
+  // One job alone: a bake-off's candidates.
+  const heading = <h1 className="jobs-title">{ids.length === 1 ? "Compare candidates" : "Compare jobs"}</h1>;
   const choose = (
     <>
       {heading}

@@ -92,7 +92,7 @@ function JobPage({ job }: { job: Job }) {
             series={series}
             running={running}
             candidates={perCandidate}
-            current={job.progress?.candidate ?? job.winner}
+            current={running ? job.progress?.candidate : (job.winner ?? job.progress?.candidate)}
           />
         )}
       </section>

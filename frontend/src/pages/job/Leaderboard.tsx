@@ -37,14 +37,14 @@ import {
   type Job,
 } from "./model";
 
-const times = (x: number | null | undefined) => (x == null ? "—" : `×${num(x, 2)}`);
+const times = (x: number | null | undefined) => (x == null ? "—" : `×${x.toFixed(2)}`);
 const kindLabel = (kind: string) => KINDS.find((k) => k.kind === kind)?.label ?? kind;
 const UNIT_WORDS: Record<string, string> = { "CPU s": "CPU", "GPU s": "GPU", "wall s": "wall" };
 
 /** "×1.23 ±0.05", or "—" before it is measured. */
 function speedupText(c: Candidate): string {
   if (c.speedup == null) return "—";
-  return c.speedup_spread != null ? `${times(c.speedup)} ±${num(c.speedup_spread, 2)}` : times(c.speedup);
+  return c.speedup_spread != null ? `${times(c.speedup)} ±${c.speedup_spread.toFixed(2)}` : times(c.speedup);
 }
 
 function Cost({ candidate, runtime }: { candidate: Candidate; runtime: string }) {
@@ -246,6 +246,10 @@ function CostChart({ job }: { job: Job }) {
   const others = points(false);
   const winners = points(true);
   const ngram = leaderboardOf(job)?.baselines?.ngram_speedup;
+  // Round ticks from 0 to a little above the highest point (and above ×1, the verifier alone).
+  const top = Math.max(withSpeedup ? 1 : 0, ngram ?? 0, ...[...others, ...winners].map((p) => p.y)) * 1.15;
+  const step = top <= 1.5 ? 0.25 : top <= 3 ? 0.5 : top <= 6 ? 1 : 2;
+  const yTicks = Array.from({ length: Math.ceil(top / step) + 1 }, (_, i) => i * step);
   const label = `${withSpeedup ? "Speedup" : "Served acceptance length"} against training cost`;
   return (
     <ChartCard
@@ -271,7 +275,7 @@ function CostChart({ job }: { job: Job }) {
           tickFormatter={(s: number) => duration(s)}
           label={{ value: `training cost (${UNIT_WORDS[unit] ?? unit} time)`, position: "insideBottom", offset: -12, ...AXIS }}
         />
-        <YAxis type="number" dataKey="y" name={metric} tick={AXIS} width={44} domain={[0, (max: number) => Math.ceil(Math.max(max, 1) * 1.2 * 10) / 10]} />
+        <YAxis type="number" dataKey="y" name={metric} tick={AXIS} width={44} domain={[0, yTicks[yTicks.length - 1]]} ticks={yTicks} />
         <ZAxis range={[90, 90]} />
         <Tooltip
           cursor={{ strokeDasharray: "3 3" }}
@@ -282,7 +286,7 @@ function CostChart({ job }: { job: Job }) {
           <ReferenceLine y={1} stroke="#868e96" strokeDasharray="4 3" label={{ value: "no speculation ×1", position: "insideBottomLeft", fontSize: 11, fill: "#5d6878" }} />
         )}
         {withSpeedup && ngram != null && (
-          <ReferenceLine y={ngram} stroke={colorAt(1)} strokeDasharray="4 3" label={{ value: `n-gram ×${num(ngram, 2)}`, position: "insideTopRight", fontSize: 11, fill: colorAt(1) }} />
+          <ReferenceLine y={ngram} stroke={colorAt(1)} strokeDasharray="4 3" label={{ value: `n-gram ${times(ngram)}`, position: "insideTopRight", fontSize: 11, fill: colorAt(1) }} />
         )}
         <Scatter name="candidates" data={others} fill={colorAt(0)} isAnimationActive={false}>
           <LabelList dataKey="name" position="top" style={{ fontSize: 11, fill: "#1c2330" }} />

@@ -17,6 +17,7 @@ const KIND_TONE: Record<string, string> = {
   status: "busy",
   evaluated: "good",
   checkpoint: "good",
+  candidate: "busy", // a bake-off candidate's status change
   error: "bad",
   failed: "bad",
 };

@@ -61,6 +61,7 @@ export function TrainingCharts({
   const shown = bakeoff ? (candidates.find((c) => c.index === picked) ?? fallback!) : null;
   const series = shown ? shown.series : whole;
   const waiting = running ? "yet" : "for this job";
+  const waitingOf = shown ? `of ${shown.name}${running ? " yet" : ""}` : waiting;
   const loss = bakeoff ? mergeCandidates(candidates, (s) => s.loss, "step", "loss") : series.loss;
   const eal = bakeoff ? mergeCandidates(candidates, (s) => s.eal, "step", "eal") : series.eal;
   const of = shown ? ` of ${shown.name}` : "";
@@ -105,7 +106,7 @@ export function TrainingCharts({
         label="Per-position acceptance (training estimate)"
         hint={`The trainer's accuracy at each draft position (train/position_K_acc)${of}.`}
         isEmpty={series.positions.length === 0}
-        empty={`No per-position metrics ${waiting}.`}
+        empty={`No per-position metrics ${waitingOf}.`}
         height={260}
       >
         <LineChart data={series.positions} margin={{ top: 8, right: 12, bottom: 16, left: 0 }}>
@@ -133,7 +134,7 @@ export function TrainingCharts({
         label="Validation per epoch"
         hint={`Validation loss (left axis) and the trainer's eal estimate (right axis) after each epoch${of}.`}
         isEmpty={series.validation.length === 0}
-        empty={`No validation metrics ${running ? "yet: they come after each epoch" : "for this job"}.`}
+        empty={running ? `No validation metrics${of} yet: they come after each epoch.` : `No validation metrics ${shown ? `of ${shown.name}` : "for this job"}.`}
         height={260}
       >
         <LineChart data={series.validation} margin={{ top: 8, right: 4, bottom: 16, left: 0 }}>
