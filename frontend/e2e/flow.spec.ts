@@ -85,6 +85,12 @@ test.describe.serial("the demo flow", () => {
     await expect(page.getByLabel("Block size of candidate 3", { exact: true })).toHaveCount(0);
     await expect(page.getByLabel("Layers of candidate 3", { exact: true })).toHaveValue("1");
     await expect(page.getByLabel("Max anchors", { exact: true })).toHaveValue("32");
+    // A row added (its fields empty: they take the speculator's), then removed.
+    await page.getByRole("button", { name: "Add candidate" }).click();
+    await expect(rows).toHaveCount(4);
+    await expect(page.getByLabel("Block size of candidate 4", { exact: true })).toHaveAttribute("placeholder", "8");
+    await page.getByRole("button", { name: "Remove candidate 4" }).click();
+    await expect(rows).toHaveCount(3);
     await page.getByLabel("Kind", { exact: true }).selectOption("eagle3");
     await expect(page.getByLabel("Block size", { exact: true })).toHaveCount(0);
     await expect(page.getByLabel("Max anchors", { exact: true })).toHaveCount(0);
