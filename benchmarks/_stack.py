@@ -339,3 +339,56 @@ def wait_until(fn: Any, timeout: float, what: str) -> Any:
             return value
         time.sleep(0.5)
     raise RuntimeError(f"{what}: not done within {timeout} s")
+
+
+@dataclass
+class NewUserStack:
+    """``specdeck run`` in an empty directory, up: a client with the key it printed, the demo
+    job body it printed, and when it started and when its API answered (monotonic seconds)."""
+
+    client: Any
+    demo_job: dict[str, Any]
+    started: float
+    ready: float
+
+
+@contextlib.contextmanager
+def new_user_stack(base: Path) -> Iterator[NewUserStack]:
+    """What a new user gets from ``make run``, without the install: ``specdeck run`` in ``base``
+    (the embedded default; it makes the demo verifier and data the first time), stopped by
+    process group on the way out."""
+    import httpx
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECK_")}
+    env.update(PYTHONUNBUFFERED="1", SPECDECK_DEFAULT_RUNTIME="local")
+    log = base / "specdeck-run.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([SPECDECK, "run", "--port", str(port)], cwd=base, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        key, demo_job = printed_job(proc, log, timeout=600)
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30,
+                          headers={"Authorization": f"Bearer {key}"}) as client:
+            wait_until(lambda: healthy(client), 120, "the API")
+            yield NewUserStack(client, demo_job, started, time.monotonic())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+
+
+def finished_job(client: Any, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Submit ``body`` and follow the job to its end; it must succeed."""
+    created = client.post("/api/jobs", json=body)
+    if created.status_code != 201:
+        raise RuntimeError(f"the job was refused: {created.text}")
+    job_id = created.json()["id"]
+    job = wait_until(lambda: job_ended(client, job_id), timeout, f"job {job_id}")
+    if job["status"] != "succeeded":
+        raise RuntimeError(f"job {job_id} ended {job['status']}: {job['status_reason']}\n"
+                           + client.get(f"/api/jobs/{job_id}/logs").text[-3000:])
+    return job

@@ -46,17 +46,15 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks._stack import (  # noqa: E402
     exit_on_sigterm,
+    finished_job,
     free_port,
-    healthy,
-    job_ended,
     load,
     machine,
-    printed_job,
+    new_user_stack,
     table,
     wait_until,
 )
 
-SPECDECK = str(Path(sys.executable).parent / "specdeck")
 MODEL = "acceptance"  # the name each engine serves
 
 
@@ -65,45 +63,20 @@ MODEL = "acceptance"  # the name each engine serves
 def run_demo_job(base: Path) -> dict[str, Any]:
     """``specdeck run`` in ``base``; submit the job it prints; wait for it. Returns the paths
     of the verifier and the chosen checkpoint, the trainer's eal and the timings."""
-    import httpx
-
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECK_")}
-    env.update(PYTHONUNBUFFERED="1", SPECDECK_DEFAULT_RUNTIME="local")
-    log = base / "specdeck-run.log"
-    started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen([SPECDECK, "run", "--port", str(port)], cwd=base, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        key, body = printed_job(proc, log, timeout=600)
-        url = f"http://127.0.0.1:{port}"
-        headers = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-            wait_until(lambda: healthy(client), 120, "the API")
-            ready = time.monotonic()
-            created = client.post("/api/jobs", json=body)
-            created.raise_for_status()
-            job_id = created.json()["id"]
-            job = wait_until(lambda: job_ended(client, job_id), 1800, "the demo job")
-            finished = time.monotonic()
-            if job["status"] != "succeeded":
-                raise RuntimeError(f"the demo job ended {job['status']}: {job['status_reason']}\n"
-                                   + client.get(f"/api/jobs/{job_id}/logs").text[-3000:])
-            checkpoints = client.get(f"/api/jobs/{job_id}/checkpoints").json()["data"]
-            events = client.get(f"/api/jobs/{job_id}/events", params={"limit": 100}).json()["data"]
-            first_chat = deploy_and_chat(client, job["evaluation"]["checkpoint_id"])
-            chatted = time.monotonic()
-            # One engine at a time from here: the deployment makes way for the measurement.
-            client.delete(f"/api/deployments/{first_chat['deployment_id']}")
-            wait_until(lambda: client.get(f"/api/deployments/{first_chat['deployment_id']}")
-                  .json()["status"] == "stopped", 120, "the deployment to stop")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=60)
+    with new_user_stack(base) as stack:
+        client, body = stack.client, stack.demo_job
+        started, ready = stack.started, stack.ready
+        job = finished_job(client, body, 1800)
+        job_id = job["id"]
+        finished = time.monotonic()
+        checkpoints = client.get(f"/api/jobs/{job_id}/checkpoints").json()["data"]
+        events = client.get(f"/api/jobs/{job_id}/events", params={"limit": 100}).json()["data"]
+        first_chat = deploy_and_chat(client, job["evaluation"]["checkpoint_id"])
+        chatted = time.monotonic()
+        # One engine at a time from here: the deployment makes way for the measurement.
+        client.delete(f"/api/deployments/{first_chat['deployment_id']}")
+        wait_until(lambda: client.get(f"/api/deployments/{first_chat['deployment_id']}")
+                   .json()["status"] == "stopped", 120, "the deployment to stop")
     [chosen] = [c for c in checkpoints if c["id"] == job["evaluation"]["checkpoint_id"]]
     return {
         "job": job, "checkpoint": chosen, "events": events,

@@ -32,10 +32,7 @@ separate_jobs_seconds_estimate, checks.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,17 +45,13 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks._stack import (  # noqa: E402
     exit_on_sigterm,
-    free_port,
-    healthy,
-    job_ended,
+    finished_job,
     load,
     machine,
-    printed_job,
+    new_user_stack,
     table,
-    wait_until,
 )
 
-SPECDECK = str(Path(sys.executable).parent / "specdeck")
 CANDIDATES = [{"type": "dflash"},
               {"type": "dflash", "name": "dflash-small", "block_size": 4, "num_layers": 1},
               {"type": "eagle3", "num_layers": 1}]
@@ -86,36 +79,10 @@ def at(event: dict[str, Any]) -> float:
 
 def run_bakeoff(base: Path, epochs: int, prompts: int, rounds: int) -> dict[str, Any]:
     """``specdeck run`` in ``base``; the bake-off submitted and followed; its job and events."""
-    import httpx
-
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDECK_")}
-    env.update(PYTHONUNBUFFERED="1", SPECDECK_DEFAULT_RUNTIME="local")
-    log = base / "specdeck-run.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([SPECDECK, "run", "--port", str(port)], cwd=base, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        key, demo = printed_job(proc, log, timeout=600)
-        headers = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers,
-                          timeout=30) as client:
-            wait_until(lambda: healthy(client), 120, "the API")
-            created = client.post("/api/jobs", json=bakeoff_body(demo, epochs, prompts, rounds))
-            if created.status_code != 201:
-                raise RuntimeError(f"the bake-off was refused: {created.text}")
-            job_id = created.json()["id"]
-            job = wait_until(lambda: job_ended(client, job_id), 3600, "the bake-off")
-            if job["status"] != "succeeded":
-                raise RuntimeError(f"the bake-off ended {job['status']}: {job['status_reason']}\n"
-                                   + client.get(f"/api/jobs/{job_id}/logs").text[-3000:])
-            return {"job": job, "events": all_events(client, job_id)}
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=60)
+    with new_user_stack(base) as stack:
+        body = bakeoff_body(stack.demo_job, epochs, prompts, rounds)
+        job = finished_job(stack.client, body, 3600)
+        return {"job": job, "events": all_events(stack.client, job["id"])}
 
 
 def started(events: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
