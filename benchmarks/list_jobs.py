@@ -111,7 +111,8 @@ def realistic_spec(base: Path) -> dict[str, Any]:
                         database_url="sqlite://", broker_url="memory://")
     body = JobCreate(verifier=write_verifier(base / "models"), dataset=write_dataset(base / "data"),
                      runtime="local")
-    return resolve_spec(body, settings)
+    # A dataset named by its path and no warm start or deploy: nothing is read from a database.
+    return resolve_spec(None, "proj_bench", body, settings, {}).dump()  # type: ignore[arg-type]
 
 
 def seed(engine, main_project: str, other_project: str, jobs: int, spec: dict) -> None:  # noqa: ANN001

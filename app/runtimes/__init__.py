@@ -270,10 +270,11 @@ class ServeSpec(BaseModel):
 
     @classmethod
     def of_deployment(cls, spec: dict[str, Any]) -> "ServeSpec":
-        """A deployment row's spec: its drafter's kind (DFlash before kinds were recorded)."""
-        kind = KINDS[spec.get("kind", "dflash")]
+        """A deployment row's spec: its drafter's kind (DFlash before kinds were recorded), or a
+        serving method it names itself (n-gram drafting)."""
+        method = spec.get("method") or KINDS[spec.get("kind", "dflash")].vllm_method
         return cls(verifier=spec["verifier"], drafter=spec.get("drafter"),
-                   method=kind.vllm_method, num_speculative_tokens=spec["num_speculative_tokens"],
+                   method=method, num_speculative_tokens=spec["num_speculative_tokens"],
                    runtime=spec["runtime"],
                    tensor_parallel_size=spec["resources"]["tensor_parallel_size"])
 

@@ -305,19 +305,19 @@ class Verdict(BaseModel):
 
 
 def verdict_of(evaluation: dict[str, Any] | None) -> Verdict | None:
-    """Null when the drafter beats every baseline measured, or nothing was measured."""
+    """Null when the drafter beats every baseline measured, or nothing was measured. A lead
+    within the speedup's spread over the evaluation's rounds is no verdict: a tie."""
     evaluation = evaluation or {}
     speedup, ngram_speedup = evaluation.get("speedup"), evaluation.get("ngram_speedup")
-    if isinstance(speedup, (int, float)) and speedup < 1:
+    spread = evaluation.get("speedup_spread") or 0.0
+    if isinstance(speedup, (int, float)) and 1 - speedup > spread:
         ngram = (f"; n-gram drafting: ×{ngram_speedup:.2f}"
                  if isinstance(ngram_speedup, (int, float)) else "")
         return Verdict(code="slower_than_no_speculation", summary="slower than no speculation",
                        message=f"This drafter is slower than no speculation: ×{speedup:.2f} the "
                        f"output tokens/s of the verifier alone{ngram}. Serving it would cost "
                        "throughput.")
-    faster_ngram = (isinstance(speedup, (int, float)) and isinstance(ngram_speedup, (int, float))
-                    and ngram_speedup > speedup)
-    if evaluation.get("beats_ngram") is False or faster_ngram:
+    if evaluation.get("beats_ngram") is False:  # accepted no more than prompt lookup
         served, ngram = (evaluation.get("mean_acceptance_length"),
                          evaluation.get("ngram_mean_acceptance_length"))
         lengths = (f": served acceptance length {served:.2f} against n-gram's {ngram:.2f}"
@@ -325,6 +325,12 @@ def verdict_of(evaluation: dict[str, Any] | None) -> Verdict | None:
         return Verdict(code="below_ngram", summary="does not beat n-gram",
                        message="This drafter does not beat n-gram drafting (prompt lookup, no "
                        f"training){lengths}.")
+    if (isinstance(speedup, (int, float)) and isinstance(ngram_speedup, (int, float))
+            and ngram_speedup - speedup > spread):  # accepted more, and still slower
+        return Verdict(code="below_ngram", summary="does not beat n-gram",
+                       message="This drafter does not beat n-gram drafting (prompt lookup, no "
+                       f"training): ×{speedup:.2f} the output tokens/s of the verifier alone, "
+                       f"against n-gram's ×{ngram_speedup:.2f}.")
     return None
 
 

@@ -3,7 +3,7 @@
 Served speedup decides, measured in rounds so that the machine's load cannot pick the winner:
 each candidate's speedup is the median of its rounds, and its spread the range of them. A lead
 smaller than the spread (of either candidate) is a tie, which the served acceptance length
-breaks, then the training cost. Only a lossless candidate that passes the acceptance gate can
+breaks, then the training cost; without speeds (no baseline measured) acceptance decides. Only a lossless candidate that passes the acceptance gate can
 win; the others are ranked after the eligible ones, the same way.
 """
 
@@ -31,9 +31,10 @@ class Standing:
 
 
 def tied(a: Entry, b: Entry) -> bool:
-    """Whether neither leads the other by more than the spread of either."""
+    """Whether neither leads the other by more than the spread of either. Two speeds not
+    measured (an evaluation without the no-speculation baseline) tie: acceptance decides."""
     if a.speedup is None or b.speedup is None:
-        return False
+        return a.speedup is None and b.speedup is None
     return abs(a.speedup - b.speedup) <= max(a.spread, b.spread)
 
 

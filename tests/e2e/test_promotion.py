@@ -31,7 +31,7 @@ from tests.e2e.conftest import DemoDrafter, checkpoint_row, demo_checkpoint, fir
 from tests.e2e.test_pipeline import REAL_PIPELINE
 from tests.e2e.test_live_acceptance import LIVE_ENV
 from tests.e2e.test_regeneration import SMALL_EVALUATION
-from tests.e2e.test_serving import MAX_TOKENS, PROMPTS, deploy, gateway, greedy_reference  # noqa: F401
+from tests.e2e.test_serving import MAX_TOKENS, PROMPTS, deploy, greedy_reference
 from tests.support.waiting import wait_for
 from workers.runtimes.local.demo import demo_prompts
 

@@ -30,7 +30,7 @@ from tests.e2e.conftest import (DemoDrafter, checkpoint_row, demo_checkpoint, en
 from tests.e2e.test_live_acceptance import LIVE_ENV
 from tests.e2e.test_pipeline import CPU_SPECULATOR, REAL_PIPELINE
 from tests.e2e.test_promotion import engine_drafters
-from tests.e2e.test_serving import PROMPTS, counters, deploy, gateway, running  # noqa: F401
+from tests.e2e.test_serving import PROMPTS, counters, deploy, running
 from tests.support.drafters import write_untrained_drafter
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import Receiver, receiver, webhook_env  # noqa: F401 (fixtures)

@@ -38,8 +38,15 @@ def test_only_an_eligible_candidate_can_win() -> None:
     assert none.winner is None and none.ranking == ["lossy", "slow"]
 
 
-def test_a_candidate_without_a_speedup_ranks_last_and_ties_with_nobody() -> None:
+def test_a_candidate_without_a_speedup_ranks_after_the_measured_ones() -> None:
     standing = rank([entry("unmeasured", None, al=5.0), entry("measured", 1.1)])
     assert standing.ranking == ["measured", "unmeasured"]
     assert standing.ties == {"unmeasured": [], "measured": []}
     assert rank([]).winner is None and rank([]).ranking == []
+
+
+def test_without_the_no_speculation_baseline_acceptance_decides() -> None:
+    """evaluate.baseline false measures no speedup: the highest served acceptance length wins,
+    not the first candidate named."""
+    standing = rank([entry("a", None, al=1.2), entry("b", None, al=2.5), entry("c", None, al=1.8)])
+    assert standing.ranking == ["b", "c", "a"] and standing.winner == "b"

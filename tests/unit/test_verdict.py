@@ -21,9 +21,23 @@ def test_below_ngram_by_acceptance_or_by_speed() -> None:
                             "ngram_mean_acceptance_length": 1.9})
     assert by_length is not None and by_length.code == "below_ngram"
     assert by_length.message.endswith("served acceptance length 1.40 against n-gram's 1.90.")
-    by_speed = verdict_of({"speedup": 1.2, "ngram_speedup": 1.3, "beats_ngram": True})
+    by_speed = verdict_of({"speedup": 1.2, "ngram_speedup": 1.3, "beats_ngram": True,
+                           "mean_acceptance_length": 1.6, "ngram_mean_acceptance_length": 1.1})
     assert by_speed is not None and by_speed.code == "below_ngram"
-    assert by_speed.message.endswith("(prompt lookup, no training).")
+    # Speed decided, so the message quotes the speeds (its acceptance beat n-gram's).
+    assert by_speed.message.endswith("(prompt lookup, no training): ×1.20 the output tokens/s of "
+                                     "the verifier alone, against n-gram's ×1.30.")
+
+
+def test_a_lead_within_the_rounds_spread_is_no_verdict() -> None:
+    """The speedup is the median of the evaluation's rounds: a gap smaller than their spread
+    is a tie, not a finding."""
+    assert verdict_of({"speedup": 1.01, "ngram_speedup": 1.02, "speedup_spread": 0.35,
+                       "beats_ngram": True}) is None
+    assert verdict_of({"speedup": 0.9, "speedup_spread": 0.2}) is None
+    assert verdict_of({"speedup": 0.7, "speedup_spread": 0.2}).code == "slower_than_no_speculation"
+    assert verdict_of({"speedup": 1.01, "ngram_speedup": 1.5, "speedup_spread": 0.35,
+                       "beats_ngram": True}).code == "below_ngram"
 
 
 def test_no_verdict_for_a_drafter_that_pays_off_or_was_not_compared() -> None:
