@@ -159,20 +159,17 @@ ENGINE_NAMES = {"ngram": "n-gram engine", None: "baseline engine (no speculation
 def engines_wanted(spec: JobSpec, drafters: list[Drafter], settings: EvaluateSpec
                    ) -> list[EngineWanted]:
     """The engines to serve: each drafter's, then n-gram's and the verifier alone's."""
-    one = len(drafters) == 1
     wanted = []
     for d in drafters:
-        name = f"{d.candidate.name}, " if spec.is_bakeoff else ""
         several = sum(o.candidate.index == d.candidate.index for o in drafters) > 1
-        label = (f"{d.candidate.name} (epoch {d.epoch})" if spec.is_bakeoff and several
-                 else d.candidate.name if spec.is_bakeoff
-                 else "the trained drafter" if one else f"the epoch {d.epoch} checkpoint")
-        log_name = ("evaluation-engine.log" if one and not spec.is_bakeoff else
-                    f"evaluation-engine-{name.rstrip(', ')}{'-' if name else ''}epoch-{d.epoch}.log"
-                    if several or not spec.is_bakeoff else
-                    f"evaluation-engine-{d.candidate.name}.log")
+        if spec.is_bakeoff:
+            label = f"{d.candidate.name} (epoch {d.epoch})" if several else d.candidate.name
+            log_name = f"evaluation-engine-{d.candidate.name}" + (f"-epoch-{d.epoch}" if several else "")
+        else:
+            label = f"the epoch {d.epoch} checkpoint" if several else "the trained drafter"
+            log_name = f"evaluation-engine-epoch-{d.epoch}" if several else "evaluation-engine"
         wanted.append(EngineWanted(d.checkpoint_id, EngineKind.of(spec, d.candidate), d, label,
-                                   log_name))
+                                   f"{log_name}.log"))
     if settings.ngram:
         wanted.append(EngineWanted("ngram", EngineKind.baseline("ngram"), None, "n-gram drafting",
                                    "ngram-engine.log"))
