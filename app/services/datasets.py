@@ -202,6 +202,9 @@ class _Scan:
             raise _LineError(f"invalid JSON: {exc.msg} (column {exc.colno})") from exc
         except RecursionError as exc:  # the parser's own bound on nesting (about 1,000 levels)
             raise _LineError("nested too deep: no conversation needs that many levels") from exc
+        except ValueError as exc:  # a value json.loads cannot take: an integer past Python's
+            # digit limit (sys.get_int_max_str_digits(), 4,300 by default), say
+            raise _LineError(f"a value JSON allows but this reader cannot take: {exc}") from exc
         if SURROGATE_ESCAPE.search(raw) and (problem := text_problem(record)):
             raise _LineError(f"text {problem}")  # no tokenizer can read a lone surrogate
         if isinstance(record, dict) and self.format is not None:

@@ -70,7 +70,8 @@ def test_a_bakeoff_loses_a_candidate_and_a_worker_and_still_serves_its_winner(
     job_file = tmp_path / "bakeoff.json"
     job_file.write_text(json.dumps({
         **small_demo, "name": "bake-off", "runtime": "local",
-        "speculator": {**CPU_SPECULATOR, "epochs": 1, "lr": 0.003}, "candidates": CANDIDATES}))
+        "speculator": {**CPU_SPECULATOR, "epochs": 1, "lr": 0.003}, "candidates": CANDIDATES,
+        "evaluate": {"prompts": 4, "max_tokens": 48, "rounds": 2}}))
     env = {**os.environ, "SPECDECK_URL": gateway, "SPECDECK_API_KEY": pg_api.key}
     cli = subprocess.Popen([SPECDECK, "jobs", "create", "-f", str(job_file), "--wait",
                             "--timeout", "1500"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
@@ -135,10 +136,10 @@ def test_a_bakeoff_loses_a_candidate_and_a_worker_and_still_serves_its_winner(
     finished = [c for c in job["candidates"] if c["status"] == "evaluated"]
     assert {c["name"] for c in finished} == {"dflash", "eagle3"}
     for c in finished:
-        assert c["lossless"] is True and c["outputs_identical_to_baseline"] == "8/8", c
+        assert c["lossless"] is True and c["outputs_identical_to_baseline"] == "4/4", c
         assert c["speedup"] > 0 and c["speedup_spread"] >= 0 and c["served_acceptance_length"] >= 1
         assert c["train_seconds"] > 0 and c["train_cpu_seconds"] > 0 and c["checkpoint_id"]
-        assert len(c["evaluation"]["speedups"]) == 3
+        assert len(c["evaluation"]["speedups"]) == 2
     loser = next(c for c in finished if not c["winner"])
     assert winner["rank"] == 1 and loser["rank"] == 2
     assert winner["speedup"] >= loser["speedup"] or loser["name"] in winner["tied_with"]

@@ -32,7 +32,7 @@ FAST = {"SPECDECK_DEFAULT_RUNTIME": "local", "SPECDECK_HEARTBEAT_SECONDS": "0.5"
 # measures the served acceptance length and the speedup over the verifier alone.
 SPECULATOR = {"block_size": 8, "num_layers": 2, "max_anchors": 32, "total_seq_len": 512,
               "epochs": 1, "lr": 0.003}
-EVALUATE = {"prompts": 2, "max_tokens": 32, "baseline": True, "ngram": False}
+EVALUATE = {"prompts": 2, "max_tokens": 32, "baseline": True, "ngram": False, "rounds": 1}
 # The verdict in brackets when the drafter does not pay off: a tiny CPU job's speedup is near 1,
 # above or below it by the machine's load.
 SUMMARY = re.compile(r"^(job_[0-9a-f]{24}) succeeded: served AL (\d+\.\d\d), speedup "

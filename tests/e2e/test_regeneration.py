@@ -25,7 +25,8 @@ from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-SMALL_EVALUATION = {"prompts": 4, "max_tokens": 32, "baseline": False, "ngram": False}
+SMALL_EVALUATION = {"prompts": 4, "max_tokens": 32, "baseline": False, "ngram": False,
+                    "rounds": 1}
 
 
 def work_dir(stack: Stack, job_id: str) -> Path:

@@ -324,10 +324,13 @@ EMPTY_REPLY = {"messages": [USER, {"role": "assistant", "content": "  "}]}
      "nested too deep"),
     (jsonl(MESSAGES) + b'{"messages": [{"role": "user", "content": "a\\ud800"}, '
      b'{"role": "assistant", "content": "\\ud83d\\ude00"}]}\n', [2], "lone surrogate"),
+    # An integer past Python's digit limit (4,300): JSON allows it, json.loads cannot take it.
+    (jsonl(MESSAGES) + b'{"messages": [], "n": ' + b"7" * 5000 + b"}\n", [2],
+     "Exceeds the limit (4300 digits)"),
 ], ids=["broken-json", "no-assistant", "empty-assistant", "sharegpt-no-assistant", "wrong-schema",
         "turns-not-a-list", "no-turns", "bad-role", "no-content", "bad-content", "bad-value",
         "bad-from", "both-formats", "not-an-object", "mixed-formats", "mixed-after-blank",
-        "not-utf8", "several-errors", "nested-too-deep", "lone-surrogate"])
+        "not-utf8", "several-errors", "nested-too-deep", "lone-surrogate", "huge-integer"])
 def test_bad_dataset_is_rejected_with_line_numbers(api: Api, stack: Stack, content: bytes,
                                                    lines: list[int], fragment: str) -> None:
     rows, files = count_datasets(stack), stored(stack)
