@@ -29,6 +29,7 @@ DIST = FRONTEND / "dist"
 # against 50 (docs/ci.md, run 62).
 CHROMIUM = Path(os.environ.get("PLAYWRIGHT_CHROMIUM", "/usr/lib/chromium/chromium-headless-shell"))
 ARTIFACTS = ROOT / "var" / "artifacts" / "dashboard"
+FLOW_CONVERSATIONS = 100
 
 # Quick reactions, so the flow does not wait on timers: cancelling, health checks, the reconciler.
 FAST = {
@@ -123,7 +124,12 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
     assert npx, "npx is not on PATH (Node.js >= 20 is needed for the dashboard)"
 
     demo_data = seed_demo(tmp_path, demo_assets)
-    # --no-demo: the flow uploads the demo conversations itself, through the Datasets page.
+    # --no-demo: the flow uploads the demo conversations itself, through the Datasets page: the
+    # first FLOW_CONVERSATIONS of them, enough for every page (its bake-off trains three
+    # candidates on them; how well they draft is not what the flow checks).
+    flow_data = tmp_path / "flow-demo.jsonl"
+    flow_data.write_bytes(b"".join(demo_data.read_bytes().splitlines(keepends=True)
+                                   [:FLOW_CONVERSATIONS]))
     run = start(tmp_path, free_port(), {**FAST, "SPECDECK_DASHBOARD_DIR": str(DIST)}, ("--no-demo",))
     started: list[psutil.Process] = []
     try:
@@ -131,7 +137,7 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
         shutil.rmtree(ARTIFACTS, ignore_errors=True)
         ARTIFACTS.mkdir(parents=True)
         env = {**os.environ, "SPECDECK_URL": run.url, "SPECDECK_KEY": run.key,
-               "SPECDECK_DEMO_DATA": str(demo_data), "SPECDECK_ARTIFACTS": str(ARTIFACTS),
+               "SPECDECK_DEMO_DATA": str(flow_data), "SPECDECK_ARTIFACTS": str(ARTIFACTS),
                "SPECDECK_E2E_STATE": str(tmp_path / "e2e-state.json"),
                "PLAYWRIGHT_CHROMIUM": str(CHROMIUM)}
         # The flow first; then, beside the job it trained, a stored copy whose evaluation says
