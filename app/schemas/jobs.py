@@ -7,6 +7,7 @@ from datetime import datetime
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -29,8 +30,14 @@ HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9
 
 
 def _repo_id(value: str) -> str:
+    """An 'org/name' id that the Hub client takes too (its own validator: no '.git' at the end,
+    no '--' or '..'), so that a publish is refused here, not half-way."""
     if not HF_REPO_ID.fullmatch(value):
         raise ValueError("must be a Hugging Face repo id such as 'org/name'")
+    try:
+        validate_repo_id(value)
+    except HFValidationError as exc:
+        raise ValueError(f"must be a Hugging Face repo id such as 'org/name': {exc}") from None
     return value
 
 

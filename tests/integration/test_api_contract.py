@@ -45,6 +45,15 @@ def test_names_are_matched_whole(api: Api, job_body, stack: Stack) -> None:
     assert count_jobs(stack) == before
     assert_error(api.post("/api/checkpoints/ckpt_0/publish", json={"repo_id": "org/name\n"}),
                  422, "invalid_value", "repo_id")
+    # Ids the Hub's own client refuses (huggingface_hub's validate_repo_id), refused here too:
+    # at the API, not half-way through a publish.
+    for repo in ("org/x.git", "org/x--y", "org/x..y"):
+        error = assert_error(api.post("/api/jobs", json=job_body(publish=repo)), 422,
+                             "invalid_value", "publish")
+        assert repo in error["message"] or "repo id" in error["message"].lower()
+        assert_error(api.post("/api/checkpoints/ckpt_0/publish", json={"repo_id": repo}),
+                     422, "invalid_value", "repo_id")
+    assert count_jobs(stack) == before
 
 
 @pytest.mark.parametrize("path, body, param", [
