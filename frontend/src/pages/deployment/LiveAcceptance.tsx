@@ -47,6 +47,9 @@ function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveW
   const evaluated = window.evaluated_acceptance_length;
   const alertBelow = window.alert_below;
   const top = (max: number) => Math.ceil(Math.max(max, evaluated ?? 0) + 0.25);
+  // From 1 (a drafter's least acceptance), or lower when the alert's threshold is: a weak
+  // drafter's can be below 1, where the alert can never be raised, and the chart says so.
+  const bottom = Math.floor(Math.min(1, alertBelow ?? 1) * 4) / 4;
   return (
     <LineChart data={rows} margin={{ top: 8, right: 12, bottom: 4, left: 0 }}>
       <CartesianGrid stroke="#eef1f5" />
@@ -58,7 +61,7 @@ function Chart({ runs, rows, window }: { runs: Run[]; rows: Row[]; window: LiveW
         tick={AXIS}
         tickFormatter={clockFor(rows)}
       />
-      <YAxis tick={AXIS} width={40} domain={[1, top]} allowDecimals />
+      <YAxis tick={AXIS} width={40} domain={[bottom, top]} allowDecimals />
       <Tooltip formatter={tooltipNumber} labelFormatter={(t) => new Date(Number(t)).toLocaleString()} />
       <Legend wrapperStyle={{ fontSize: 12 }} itemSorter={null} />
       {evaluated != null && (
