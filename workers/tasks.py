@@ -15,7 +15,10 @@ from app.db.models import Checkpoint, Deployment, Job
 from app.doctor.runner import host_runtime, warn_at_startup
 from app.gpus import detect_gpus
 from app.logtail import tail
+from app.services import replicas
 from app.services import workers as registry
+from app.services.scheduling import schedule
+from app.services.state import DeploymentStatus, transition
 from app.services.publishing import PublishError
 from app.schemas.job_spec import JobSpec
 from app.services.secrets import HF_TOKEN, cipher
@@ -59,6 +62,14 @@ def run_deployment_task(deployment_id: str) -> None:
         return
     with session_scope() as session:
         row = session.get(Deployment, deployment_id)
+        parent = session.get(Deployment, row.replica_of) if row.replica_of else None
+        if parent is not None and parent.status not in replicas.RUNNING:
+            # A replica of a deployment deleted (or failed) since it was placed: no engine.
+            why = f"deployment {parent.id} is {parent.status}"
+            transition(session, row, DeploymentStatus.STOPPING, token=lease.token, reason=why)
+            transition(session, row, DeploymentStatus.STOPPED, token=lease.token, reason=why)
+            schedule(session, settings)  # its slot is free
+            return
         # A replica's live acceptance goes to its deployment's series, marked with its index.
         deployment = {"name": row.name, "restarts": row.restarts,
                       "spec": {**row.spec, "allocation": row.allocation,

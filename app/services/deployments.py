@@ -81,11 +81,23 @@ def create_deployment(session: Session, project_id: str, body: DeploymentCreate,
 def update_deployment(session: Session, project_id: str, deployment_id: str,
                       body: DeploymentUpdate, settings: Settings) -> Deployment:
     """Scale it to ``body.replicas`` (``app.services.replicas.scale``), one change at a time
-    per project."""
+    per project, and never past a delete (``locked_deployment``)."""
     quotas.lock_project(session, project_id)
-    deployment = get_deployment(session, project_id, deployment_id)
+    deployment = locked_deployment(session, project_id, deployment_id)
     replicas.scale(session, deployment, body.replicas)
     schedule(session, settings)
+    return deployment
+
+
+def locked_deployment(session: Session, project_id: str, deployment_id: str) -> Deployment:
+    """The deployment, its row locked until the request commits, read as it is then: a scale
+    and a delete take this lock, so one waits for the other and sees what it did (a scale after
+    a delete finds the deployment stopping: 409; a delete after a scale stops the new replicas
+    too). On SQLite, the database's write lock (``app.db``, FOR UPDATE)."""
+    deployment = get_deployment(session, project_id, deployment_id)
+    session.execute(select(Deployment.id).where(Deployment.id == deployment.id).with_for_update())
+    session.refresh(deployment)
+    session.expire(deployment, ["replica_set"])
     return deployment
 
 
@@ -124,8 +136,8 @@ def list_events(session: Session, deployment: Deployment, *, after: int | None,
 def delete_deployment(session: Session, project_id: str, deployment_id: str,
                       settings: Settings) -> Deployment:
     """Every replica: pending ones stopped at once, starting or ready ones stopping, then
-    stopped by their workers."""
-    deployment = get_deployment(session, project_id, deployment_id)
+    stopped by their workers. A scale under way finishes first (``locked_deployment``)."""
+    deployment = locked_deployment(session, project_id, deployment_id)
     for row in replicas.all_rows(deployment):
         replicas.stop(session, row, "deleted by user")
     schedule(session, settings)

@@ -21,6 +21,7 @@ from tests.conftest import Stack, write_dataset, write_verifier
 from tests.integration.test_deployments_api import write_drafter
 from tests.integration.test_quotas import assert_quota_exceeded, conversations
 from tests.support.api_server import start_api, stop_api
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from app.services.keys import NewKey
@@ -216,3 +217,47 @@ def test_scalings_racing_leave_one_replica_per_index(server: Server) -> None:
         indices = server.scalar(f"SELECT count(DISTINCT replica) {active}", d=deployment)
         assert rows == indices == final["replicas"], (rows, indices, final)
         assert [s["replica"] for s in final["replica_states"]] == list(range(final["replicas"]))
+
+
+def test_a_delete_wins_over_a_scale_sent_at_the_same_moment(server: Server, stack: Stack) -> None:
+    """PATCH replicas and DELETE released together, 20 times: whichever runs first, the
+    deployment ends deleted, every replica row stopped (none pending, so none for a worker to
+    start), and a worker that comes online afterwards starts no engine."""
+    from app.db import session_scope
+    from app.services.keys import create_key
+
+    with session_scope() as session:
+        key = create_key(session, f"proj-{uuid.uuid4().hex[:8]}").plaintext
+    outcomes = set()
+    for round_ in range(20):
+        with httpx.Client(base_url=server.url, headers=auth(key), timeout=60) as client:
+            created = client.post("/api/deployments", json={
+                "name": f"race-{round_}", "drafter": DRAFTER, "verifier": VERIFIER,
+                "runtime": "local"})
+            assert created.status_code == 201, created.text
+            deployment_id = created.json()["id"]
+        scaled, deleted = race(server.url, [
+            lambda c: c.patch(f"/api/deployments/{deployment_id}", json={"replicas": 4},
+                              headers=auth(key)),
+            lambda c: c.delete(f"/api/deployments/{deployment_id}", headers=auth(key))])
+        assert deleted.status_code == 200, deleted.text
+        # First, it scaled and the delete stopped the new replicas too; second, it found the
+        # deployment deleted.
+        assert scaled.status_code in (200, 409), scaled.text
+        if scaled.status_code == 409:
+            assert scaled.json()["error"]["code"] == "deployment_not_serving"
+        outcomes.add(scaled.status_code)
+        rows = server.scalar("SELECT count(*) FROM deployments WHERE id = :id OR replica_of = :id",
+                             id=deployment_id)
+        left = server.scalar("SELECT count(*) FROM deployments WHERE (id = :id OR replica_of = :id)"
+                             " AND status != 'stopped'", id=deployment_id)
+        assert left == 0 and rows >= 1, (round_, scaled.text)
+    # A worker online afterwards: its reconciler schedules what waits, every round; after two of
+    # its heartbeats nothing was placed on it, nor runs.
+    stack.start_worker("late")
+    beats: set[object] = set()
+    wait_for(lambda: beats.add(server.scalar(
+        "SELECT last_heartbeat_at FROM workers WHERE id = 'late'")) or len(beats) >= 3, 30,
+        "the worker's rounds")
+    assert server.scalar("SELECT count(*) FROM deployments WHERE status != 'stopped'") == 0
+    assert server.scalar("SELECT count(*) FROM allocations") == 0
