@@ -42,15 +42,25 @@ def migrate(database_url: str | None = None) -> None:
     command.upgrade(config, "head")
 
 
+# What a server process creates (the embedded database and broker, the dev key, logs, work and
+# checkpoints) is its owner's alone: directories 0700, files 0600. The database holds the key
+# hashes and the encrypted HF token; the development key decrypts it.
+PRIVATE_UMASK = 0o077
+
+
 def _ensure_sqlite_dirs() -> None:
+    """The server's directories, made private (``PRIVATE_UMASK``), and this process's files and
+    its children's private from here on."""
     from app.settings import get_settings
 
+    os.umask(PRIVATE_UMASK)
     settings = get_settings()
     for path in (settings.data_root, settings.models_root, settings.logs_root, settings.work_root):
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     for url in (settings.database_url, settings.broker_url):
         if "sqlite:///" in url:
-            Path(url.split("sqlite:///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+            Path(url.split("sqlite:///", 1)[1]).parent.mkdir(mode=0o700, parents=True,
+                                                             exist_ok=True)
 
 
 def cmd_db(args: argparse.Namespace) -> None:
@@ -77,6 +87,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     # managers and the tests would no longer see `specdeck worker` in its command line. Read
     # when celery.platforms is imported, so set before.
     os.environ.setdefault("NOSETPS", "1")
+    os.umask(PRIVATE_UMASK)  # its checkpoints, logs and hidden states: the owner's alone
     from app.celery_app import celery_app
     from app.gpus import detect_gpus
     from app.settings import get_settings

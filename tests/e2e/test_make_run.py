@@ -155,7 +155,8 @@ def test_specdeck_run_serves_the_readme_job_and_stops_on_ctrl_c(tmp_path: Path, 
 
 def test_specdeck_run_prints_the_same_key_on_every_start(tmp_path: Path) -> None:
     """One development key, kept in var/ (0600) and printed again, not a new one per start; a
-    stored key this database does not know (another database's) is replaced."""
+    stored key this database does not know (another database's) is replaced. var/ and all it
+    holds are private (0700, 0600)."""
     keys = []
     for _ in range(2):
         run = start(tmp_path, free_port(), args=("--no-demo",))
@@ -170,7 +171,16 @@ def test_specdeck_run_prints_the_same_key_on_every_start(tmp_path: Path) -> None
             run.kill()
     stored = tmp_path / "var" / "dev-api-key"
     assert keys[0] == keys[1] == stored.read_text().strip()
-    assert stored.stat().st_mode & 0o777 == 0o600
+    # var/ is its owner's alone: the database (key hashes, the encrypted HF token), the broker,
+    # the key that decrypts nothing but opens the API, the logs.
+    var = tmp_path / "var"
+    modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777
+             for p in (var, var / "specdeck.db", var / "broker.db", stored, var / "logs",
+                       var / "data", var / "work")}
+    assert modes == {"var": 0o700, "var/specdeck.db": 0o600, "var/broker.db": 0o600,
+                     "var/dev-api-key": 0o600, "var/logs": 0o700, "var/data": 0o700,
+                     "var/work": 0o700}, {k: oct(v) for k, v in modes.items()}
+    assert not [p for p in var.rglob("*") if p.stat().st_mode & 0o077], "readable by others"
 
     stored.write_text("sd_a-key-of-another-database\n")
     run = start(tmp_path, free_port(), args=("--no-demo",))

@@ -143,3 +143,35 @@ def test_a_check_that_crashes_is_a_failure_of_its_own() -> None:
 def test_the_doctor_runs_every_group_the_issue_names() -> None:
     groups = {path.split(":")[0].rsplit(".", 1)[1] for path in PROVIDERS}
     assert groups == {"versions", "gpus", "flags", "disk", "services"}
+
+
+def test_data_directories_readable_by_others_are_a_warning(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """var/ made before it was private (or loosened since): the doctor says so, naming what is
+    open and how to close it; a warning, not a failure."""
+    from app.doctor.disk import privacy_checks
+    from app.settings import get_settings
+
+    var = tmp_path / "var"
+    for name in ("data", "logs", "work"):
+        (var / name).mkdir(parents=True, mode=0o700)
+    var.chmod(0o700)
+    db = var / "specdeck.db"
+    db.write_text("")
+    db.chmod(0o600)
+    for name, value in (("DATA_ROOT", var / "data"), ("LOGS_ROOT", var / "logs"),
+                        ("WORK_ROOT", var / "work"), ("DATABASE_URL", f"sqlite:///{db}"),
+                        ("BROKER_URL", f"sqla+sqlite:///{var}/broker.db")):
+        monkeypatch.setenv(f"SPECDECK_{name}", str(value))
+    get_settings.cache_clear()
+    try:
+        [private] = privacy_checks()
+        assert private.ok is True and private.required is False
+        db.chmod(0o644)
+        var.chmod(0o755)
+        [opened] = privacy_checks()
+        assert opened.ok is False and opened.required is False
+        assert f"{var} (755)" in opened.detail and f"{db} (644)" in opened.detail
+        assert "chmod -R go-rwx" in opened.detail
+    finally:
+        get_settings.cache_clear()
