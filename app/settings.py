@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     # database is unreachable before it gives up on the write.
     database_retry_seconds: float = Field(default=60.0, ge=0)
     cancel_grace_seconds: float = 5.0
+    # A trainer stopped (a cancel, a worker's shutdown) saves the epoch so far before it exits
+    # (speculators, on SIGTERM): the seconds it gets for that before SIGKILL.
+    trainer_stop_grace_seconds: float = Field(default=60.0, ge=0)
     # The local runtime: a job imports vLLM, prepare-data and the trainer once and forks each of
     # its processes from that import (workers/runtimes/local/preload.py), and a deployment its
     # engines (restarts and promotions): on 2 cores about 13 s less per vLLM server after the

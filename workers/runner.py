@@ -24,7 +24,7 @@ from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_even
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
 from workers.runtimes.local.preload import PRELOADER_ENV, forks, launcher_argv, preloader_argv
-from workers.supervisor import Group, ManagedProcess
+from workers.supervisor import Group, ManagedProcess, exit_words
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,10 @@ class JobContext(Generic[S]):
         """Bookkeeping once ``proc`` has exited: forget its group, record how it ended."""
         try:
             self._track(proc.pgid, add=False)
-            self.event("process", f"{proc.description} exited with code {proc.poll()} after "
-                       f"{proc.seconds:.1f} s", {"exit_code": proc.poll(), "seconds": round(proc.seconds, 3)})
+            ended = exit_words(proc.poll(), proc.stopped, proc.grace)
+            self.event("process", f"{proc.description} {ended} after {proc.seconds:.1f} s",
+                       {"exit_code": proc.poll(), "ended": ended,
+                        "seconds": round(proc.seconds, 3)})
         except LeaseLost:
             log.warning("job %s: lease lost; %s stopped without bookkeeping", self.job_id,
                         proc.description)
@@ -213,21 +215,24 @@ class JobContext(Generic[S]):
         self.finish(proc)
 
     def run(self, command: StageCommand, on_line: Callable[[str], None] | None = None,
-            *, log_tail: Callable[[], str] | None = None) -> ManagedProcess:
-        """Run to completion; stops the group on cancel, takeover or shutdown, then raises. A
-        non-zero exit raises ProcessFailed with the end of the log (``log_tail``: of what the
-        process printed itself, when the job's log holds other processes' lines too)."""
+            *, log_tail: Callable[[], str] | None = None,
+            grace: float | None = None) -> ManagedProcess:
+        """Run to completion; stops the group on cancel, takeover or shutdown (SIGTERM, then
+        ``grace`` seconds, default the cancel grace, then SIGKILL), then raises. A non-zero exit
+        raises ProcessFailed with the end of the log (``log_tail``: of what the process printed
+        itself, when the job's log holds other processes' lines too)."""
         proc = self.start(command, on_line)
         try:
-            code = proc.wait(self.should_stop, grace=self.settings.cancel_grace_seconds)
+            code = proc.wait(self.should_stop, grace=self.settings.cancel_grace_seconds
+                             if grace is None else grace)
         finally:
             self.finish(proc)
         self.check()
         if code != 0:
             lines = log_tail() if log_tail is not None else tail(self.paths.log)
             kind, hint = classify_failure(code, lines)
-            raise ProcessFailed(f"{command.description} exited with code {code}{hint}",
-                                code=kind, log_tail=lines)
+            ended = f"exited with code {code}" if code > 0 else exit_words(code, proc.stopped)
+            raise ProcessFailed(f"{command.description} {ended}{hint}", code=kind, log_tail=lines)
         return proc
 
 
@@ -245,8 +250,10 @@ FAILURES = [
 
 
 def classify_failure(code: int, log_tail: str) -> tuple[str, str]:
-    if code in (137, -9):
+    if code == 137:
         return "host_oom_killed", " (killed: the host ran out of memory, or SIGKILL)"
+    if code == -9:
+        return "host_oom_killed", ""  # exit_words says it
     for kind, hint, patterns in FAILURES:
         if any(p in log_tail for p in patterns):
             return kind, f": {hint}"

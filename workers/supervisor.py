@@ -50,6 +50,8 @@ class ManagedProcess:
                                      start_new_session=True)
         self.pgid = self.proc.pid
         self.line_error: BaseException | None = None
+        self.stopped: str | None = None  # "term" once stop() sent SIGTERM, "kill" once SIGKILL
+        self.grace = 0.0  # the seconds stop() waited between them
         self._reader = threading.Thread(target=self._pump, name=f"pump-{self.pgid}", daemon=True)
         self._reader.start()
 
@@ -99,17 +101,40 @@ class ManagedProcess:
 
     def stop(self, grace: float) -> int:
         """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL."""
+        self.stopped, self.grace = "term", grace
         signal_group(self.pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if self.proc.poll() is not None and not group_alive(self.pgid):
                 break
             time.sleep(0.05)
+        if self.proc.poll() is None:
+            self.stopped = "kill"
         signal_group(self.pgid, signal.SIGKILL)
         code = self.proc.wait()
         self.poll()
         self._reader.join(timeout=10)
         return code
+
+
+def exit_words(code: int | None, stopped: str | None, grace: float = 0.0) -> str:
+    """How a process ended, in words (its code a number only where it chose one): "stopped by
+    SpecDeck", "killed after the grace period (5 s)", "killed by SIGKILL", "exited with code 1"."""
+    if stopped == "kill":
+        return f"killed after the grace period ({grace:g} s) it was given to stop"
+    if stopped == "term":
+        return "stopped by SpecDeck" + (f" (exit code {code})" if code and code > 0 else "")
+    if code == 0:
+        return "exited normally"
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = " (the host ran out of memory, or it was killed by hand)" if -code == signal.SIGKILL \
+            else ""
+        return f"killed by {name}{why}"
+    return f"exited with code {code}"
 
 
 def _boot_id() -> str:

@@ -98,4 +98,4 @@ def test_training_survives_a_database_outage(blip_stack, demo_assets) -> None:
     messages = [e["message"] for e in api.events(job["id"])]
     assert any("held back by a database outage" in m for m in messages), messages
     for epoch in range(3):
-        assert f"training epoch {epoch} ({epoch + 1} of 3) completed" in messages
+        assert f"training epoch {epoch + 1} of 3 completed" in messages  # counted from 1

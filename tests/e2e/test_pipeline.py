@@ -188,7 +188,7 @@ def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch
         pg_api: Api, pg_stack: Stack, small_demo) -> None:
     first = pg_stack.start_worker("stopped", **REAL_PIPELINE)
     job = submit(pg_api, small_demo, epochs=2, evaluate=False)  # resuming is what is tested
-    wait_for(lambda: event_seen(pg_api, job["id"], "checkpoint", "epoch 0 saved"), 400,
+    wait_for(lambda: event_seen(pg_api, job["id"], "checkpoint", "epoch 1 saved"), 400,
              "the first epoch's checkpoint")
     running = job_processes(job["id"])
     assert server_pids(job["id"]) and set(running) > set(server_pids(job["id"]))  # + the trainer
@@ -204,8 +204,9 @@ def test_a_stopped_worker_stops_its_processes_and_another_resumes_from_the_epoch
     assert done["attempt"] == 2
     messages = [e["message"] for e in pg_api.events(job["id"])]
     assert "claimed by stopped (attempt 1)" in messages and "claimed by rescuer (attempt 2)" in messages
-    assert any("found the epoch 0 checkpoint" in m for m in messages), messages
-    assert any(m.startswith("training resumed from the epoch 0 checkpoint") for m in messages), messages
+    # Events count epochs from 1: the first epoch's checkpoint is "epoch 1".
+    assert any("found the epoch 1 checkpoint" in m for m in messages), messages
+    assert any(m.startswith("training resumed from the epoch 1 checkpoint") for m in messages), messages
     assert job_processes(job["id"]) == []
     assert hidden_state_files(pg_stack, job["id"]) == []
 

@@ -208,7 +208,7 @@ WITH_BASELINE = {**EVALUATION, "baseline_output_tokens_per_s": 10.0, "speedup": 
 
 def test_the_event_reads_as_a_sentence() -> None:
     assert summary(EVALUATION) == ("served mean acceptance length 2.31 over 8 held-out prompts "
-                                   "(epoch 1 checkpoint, local runtime, 14.8 output tokens/s)")
+                                   "(epoch 2 checkpoint, local runtime, 14.8 output tokens/s)")
     assert summary({**EVALUATION, "mean_acceptance_length": None}).startswith(
         "no speculative drafts were made over 8 held-out prompts")
     assert summary(WITH_BASELINE).endswith(
@@ -406,8 +406,8 @@ def test_several_checkpoints_log_to_a_file_each() -> None:
                                   Drafter(candidate, "b", 2, "/w/2", None)],
                             EvaluateSpec(ngram=False, baseline=False))
     assert [(w.key, w.label, w.log_name) for w in wanted] == [
-        ("a", "the epoch 1 checkpoint", "evaluation-engine-epoch-1.log"),
-        ("b", "the epoch 2 checkpoint", "evaluation-engine-epoch-2.log")]
+        ("a", "the epoch 2 checkpoint", "evaluation-engine-epoch-2.log"),
+        ("b", "the epoch 3 checkpoint", "evaluation-engine-epoch-3.log")]
     single = engines_wanted(job, [Drafter(candidate, "a", 1, "/w/1", None)], EvaluateSpec())
     assert [(w.label, w.log_name) for w in single] == [
         ("the trained drafter", "evaluation-engine.log"), ("n-gram drafting", "ngram-engine.log"),

@@ -163,11 +163,11 @@ def engines_wanted(spec: JobSpec, drafters: list[Drafter], settings: EvaluateSpe
     for d in drafters:
         several = sum(o.candidate.index == d.candidate.index for o in drafters) > 1
         if spec.is_bakeoff:
-            label = f"{d.candidate.name} (epoch {d.epoch})" if several else d.candidate.name
-            log_name = f"evaluation-engine-{d.candidate.name}" + (f"-epoch-{d.epoch}" if several else "")
+            label = f"{d.candidate.name} (epoch {d.epoch + 1})" if several else d.candidate.name
+            log_name = f"evaluation-engine-{d.candidate.name}" + (f"-epoch-{d.epoch + 1}" if several else "")
         else:
-            label = f"the epoch {d.epoch} checkpoint" if several else "the trained drafter"
-            log_name = f"evaluation-engine-epoch-{d.epoch}" if several else "evaluation-engine"
+            label = f"the epoch {d.epoch + 1} checkpoint" if several else "the trained drafter"
+            log_name = f"evaluation-engine-epoch-{d.epoch + 1}" if several else "evaluation-engine"
         wanted.append(EngineWanted(d.checkpoint_id, EngineKind.of(spec, d.candidate), d, label,
                                    f"{log_name}.log"))
     if settings.ngram:
@@ -539,7 +539,7 @@ def evaluate(ctx: JobContext[JobSpec]) -> None:
 
     wanted = engines_wanted(ctx.spec, drafters, settings)
     which = (f"{len({d.candidate.index for d in drafters})} candidates" if ctx.spec.is_bakeoff
-             else f"the epoch {drafters[0].epoch} checkpoint" if len(drafters) == 1
+             else f"the epoch {drafters[0].epoch + 1} checkpoint" if len(drafters) == 1
              else f"the last {len(drafters)} checkpoints")
     also = [w.label for w in wanted if w.drafter is None]
     ctx.event("evaluation_started", f"serving {which}" + (f" beside {' and '.join(also)}"
@@ -722,5 +722,5 @@ def summary(evaluation: dict[str, Any]) -> str:
     estimate = (f"; the trainer's estimate was eal {evaluation['trainer_eal_estimate']:.2f}"
                 if evaluation.get("trainer_eal_estimate") is not None else "")
     warnings = "".join(f". Warning: {w}" for w in evaluation.get("warnings", []))
-    return (f"{head} over {evaluation['prompts']} held-out prompts (epoch {evaluation['epoch']} "
+    return (f"{head} over {evaluation['prompts']} held-out prompts (epoch {evaluation['epoch'] + 1} "
             f"checkpoint, {evaluation['runtime']} runtime{speed_text}){estimate}{warnings}")

@@ -28,5 +28,5 @@ def publish(ctx: JobContext[JobSpec]) -> None:
     with session_scope() as session:
         result = record(session, checkpoint_id, work_dir, repo_id)
     change = "a new commit" if result["changed"] else "no change since the last publish"
-    ctx.event("published", f"epoch {epoch} published to {repo_id}: {change} "
+    ctx.event("published", f"epoch {epoch + 1} published to {repo_id}: {change} "
               f"({result['commit_sha'][:12]})", result)

@@ -131,6 +131,7 @@ class ProgressRecorder:
         self._next_try = 0.0
         self.last_step: int | None = None  # the trainer's global step, counted from 0
         self.last_epoch: int | None = None  # the epoch of the latest training step (from 0)
+        self.saved: set[int] = set()  # epochs whose checkpoint (an end's or a partial) it saved
 
     def __call__(self, line: str) -> None:
         self.lines.append(line)
@@ -187,8 +188,9 @@ class ProgressRecorder:
         for record in records:
             match record:
                 case EpochEvent(phase="train", status=status, epoch=epoch, num_epochs=total):
-                    # Epochs are numbered from 0, as the checkpoints are (directories, the API).
-                    event("epoch", f"training epoch {epoch} ({epoch + 1} of {total}) {status}",
+                    # Events count epochs from 1, as people do; the data keeps the trainer's
+                    # count from 0, as the checkpoints' directories and the API's fields do.
+                    event("epoch", f"training epoch {epoch + 1} of {total} {status}",
                           {"epoch": epoch, "status": status})
                     if status == "completed" and self.last_step is not None:
                         row = candidate_row(session, job_id, self.candidate)
@@ -197,24 +199,27 @@ class ProgressRecorder:
                             row.steps_per_epoch = (self.last_step + 1) // (epoch + 1)
                 case CheckpointSaved(path=path, label="interrupted"):
                     epoch = self.last_epoch
+                    if epoch is not None:
+                        self.saved.add(epoch)
                     if epoch is not None and record_partial(session, job_id, epoch, path, owner,
                                                             candidate=index, kind=kind):
-                        event("checkpoint", f"partial checkpoint of epoch {epoch} saved when "
+                        event("checkpoint", f"partial checkpoint of epoch {epoch + 1} saved when "
                               "the trainer was stopped", {"path": path, "epoch": epoch,
                                                           "partial": True})
                 case CheckpointSaved(path=path) if record.epoch is not None:
+                    self.saved.add(record.epoch)
                     upsert_checkpoint(session, job_id, record.epoch, path, owner,
                                       candidate=index, kind=kind)
-                    event("checkpoint", f"checkpoint for epoch {record.epoch} saved",
+                    event("checkpoint", f"checkpoint for epoch {record.epoch + 1} saved",
                           {"path": path})
                 case BestCheckpointUpdated(epoch=epoch, val_loss=loss):
                     upsert_checkpoint(session, job_id, epoch, str(self.save_path / str(epoch)),
                                       owner, best=True, candidate=index, kind=kind)
-                    event("checkpoint", f"best checkpoint is now epoch {epoch} "
+                    event("checkpoint", f"best checkpoint is now epoch {epoch + 1} "
                           f"(val loss {loss:.4f})", {"epoch": epoch, "val_loss": loss})
                 case TrainingResumed(epoch=epoch):
-                    event("resumed", f"training resumed from the epoch {epoch - 1} checkpoint "
-                          f"(continuing with epoch {epoch})", {"epoch": epoch})
+                    event("resumed", f"training resumed from the epoch {epoch} checkpoint "
+                          f"(continuing with epoch {epoch + 1})", {"epoch": epoch})
                 case TrainingInterrupted(signal=sig):
                     event("interrupted", f"trainer received {sig}; saving before it exits")
 
@@ -275,7 +280,7 @@ def train_candidate(ctx: JobContext[JobSpec], candidate: Candidate) -> ProcessFa
         return None
     prefix = f"{candidate.name}: " if spec.is_bakeoff else ""
     if done is not None:
-        ctx.event("resuming", f"{prefix}found the epoch {done} checkpoint; the trainer resumes "
+        ctx.event("resuming", f"{prefix}found the epoch {done + 1} checkpoint; the trainer resumes "
                   "after it", {"epoch": done})
     move(ctx, candidate, CandidateStatus.TRAINING, f"training {what} "
          f"({candidate.index + 1} of {len(spec.candidates)})" if spec.is_bakeoff
@@ -283,7 +288,9 @@ def train_candidate(ctx: JobContext[JobSpec], candidate: Candidate) -> ProcessFa
     recorder = ProgressRecorder(ctx, candidate)
     command = ctx.plan.training(candidate)
     try:
-        proc = ctx.run(command, on_line=recorder, log_tail=recorder.tail)
+        # Stopped (a cancel, the worker's shutdown), it saves the epoch so far before it exits.
+        proc = ctx.run(command, on_line=recorder, log_tail=recorder.tail,
+                       grace=ctx.settings.trainer_stop_grace_seconds)
     except ProcessFailed as failure:
         recorder.drain()  # its progress until then is shown
         sync_checkpoints(ctx, candidate)
@@ -293,6 +300,7 @@ def train_candidate(ctx: JobContext[JobSpec], candidate: Candidate) -> ProcessFa
         return failure
     except BaseException:
         recorder.drain()
+        say_if_nothing_was_saved(ctx, recorder)
         raise
     recorder.drain()
     sync_checkpoints(ctx, candidate)
@@ -303,6 +311,26 @@ def train_candidate(ctx: JobContext[JobSpec], candidate: Candidate) -> ProcessFa
                   if recorder.cpu_seconds is not None else None,
                   "train_gpu_seconds": round(proc.seconds * gpus, 3) if gpus else None})
     return None
+
+
+def say_if_nothing_was_saved(ctx: JobContext[JobSpec], recorder: ProgressRecorder) -> None:
+    """A trainer stopped mid-epoch that saved nothing of it (killed before it could: a grace too
+    short) loses that epoch's progress: the job's events say so, rather than let its "saving
+    before it exits" stand as a promise. (Epochs are counted from 1 here, as people do.)"""
+    epoch = recorder.last_epoch
+    if epoch is None or epoch in recorder.saved:
+        return
+    kept = latest_epoch(recorder.save_path)
+    since = (f"the epoch {kept + 1} checkpoint is the latest kept" if kept is not None
+             else "no checkpoint is kept")
+    try:
+        ctx.event("checkpoint", f"{recorder.prefix}the trainer was stopped during epoch "
+                  f"{epoch + 1} and saved nothing of it (it was given "
+                  f"{ctx.settings.trainer_stop_grace_seconds:g} s: "
+                  f"SPECDECK_TRAINER_STOP_GRACE_SECONDS); {since}",
+                  {"epoch": epoch, "saved": False, "latest_kept": kept})
+    except Exception:  # the lease may be gone already: nothing to tell the job then
+        log.warning("job %s: could not record that nothing was saved", ctx.job_id)
 
 
 def train(ctx: JobContext[JobSpec]) -> None:
