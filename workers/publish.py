@@ -32,7 +32,9 @@ def card(checkpoint: Checkpoint, job: Job, repo_id: str) -> str:
     dataset = {"dataset": spec.dataset, "format": spec.dataset_format, "mode": spec.mode}
     metrics = {**fields.pop("metrics"), **(checkpoint.metrics or {})}
     return render_model_card(repo_id=repo_id, dataset_summary=dataset, metrics=metrics,
-                             evaluation=evaluation_card_rows(checkpoint.evaluation), **fields)
+                             evaluation=evaluation_card_rows(checkpoint.evaluation),
+                             partial_epoch=checkpoint.epoch + 1 if checkpoint.partial else None,
+                             **fields)
 
 
 def publish_command(checkpoint: Checkpoint, repo_id: str, *, private: bool, token: str,

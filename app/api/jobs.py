@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,7 +29,8 @@ router = APIRouter(prefix="/api/jobs", tags=["jobs"], responses=error_responses(
 JOB_ID = r"^job_[0-9a-f]{24}$"
 Limit = Annotated[int, Query(ge=1, le=100)]
 _JOB_LINKS = links("job_id", *(("get", f"/api/jobs/{{job_id}}{tail}") for tail in (
-    "", "/events", "/events/stream", "/metrics", "/checkpoints", "/logs", "/plan")),
+    "", "/events", "/events/stream", "/metrics", "/checkpoints", "/logs", "/logs/stream",
+    "/plan")),
     ("post", "/api/jobs/{job_id}/cancel"))
 # A create that may be a replay: 201 with the new job, or 200 with the one this Idempotency-Key
 # and request created before (``replayed``).
@@ -221,12 +223,31 @@ def _has_ended(job_id: str, project_id: str) -> bool:
         return JobStatus(service.get_job(session, project_id, job_id).status) in TERMINAL
 
 
-class LogLines(Response):
-    """The lines of a log after an offset, once there are some, the job has ended (looked up
-    every STATUS_POLL seconds), ``wait`` seconds have passed, or the client went away."""
+async def log_batches(path: Path, after: int, has_ended: Callable[[], bool]
+                      ) -> AsyncIterator[tuple[str, int, bool]]:
+    """Follow a log from an offset: ``(lines, offset after them, job ended)`` at each look,
+    every POLL seconds while nothing is new, the job's status looked up every STATUS_POLL
+    seconds. Ends after the look that found the job ended and nothing more to read."""
+    loop = asyncio.get_running_loop()
+    look, ended = loop.time(), False
+    while True:
+        if loop.time() >= look:  # before reading: what it wrote until its end is read
+            ended = await asyncio.to_thread(has_ended)
+            look = loop.time() + STATUS_POLL
+        text, after = await asyncio.to_thread(read_after, path, after)
+        yield text, after, ended
+        if ended and not text:
+            return
+        if not text:
+            await asyncio.sleep(POLL)
 
-    POLL = 0.25
-    STATUS_POLL = 1.0
+
+POLL, STATUS_POLL = 0.25, 1.0
+
+
+class LogLines(Response):
+    """The lines of a log after an offset, once there are some, the job has ended, ``wait``
+    seconds have passed, or the client went away."""
 
     def __init__(self, path: Path, after: int, wait: float, *,
                  has_ended: Callable[[], bool]) -> None:
@@ -235,18 +256,11 @@ class LogLines(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
-        loop = asyncio.get_running_loop()
+        deadline = asyncio.get_running_loop().time() + self.wait
         try:
-            deadline, look = loop.time() + self.wait, loop.time()
-            ended = False
-            while True:
-                if loop.time() >= look:  # before reading: what it wrote until its end is read
-                    ended = await asyncio.to_thread(self.has_ended)
-                    look = loop.time() + self.STATUS_POLL
-                text, offset = read_after(self.path, self.after)
-                if text or ended or gone.done() or loop.time() >= deadline:
+            async for text, offset, ended in log_batches(self.path, self.after, self.has_ended):
+                if text or ended or gone.done() or asyncio.get_running_loop().time() >= deadline:
                     break
-                await asyncio.sleep(self.POLL)
         finally:
             gone.cancel()
         self.body = self.render(text)
@@ -257,6 +271,58 @@ class LogLines(Response):
 async def _disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+_LOG_STREAM_EVENTS = {"oneOf": [  # what _follow_log sends (its keep-alive comments are no events)
+    {"type": "object", "required": ["id", "event", "data"], "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"const": "lines"},
+        "data": {**_JSON_OF, "contentSchema": {"type": "string"}}}},
+    {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"const": "end"}, "data": {**_JSON_OF, "contentSchema": {"const": {}}}}},
+]}
+
+
+@router.get("/{job_id}/logs/stream", response_class=StreamingResponse, responses={
+    200: {"description": "Server-sent events: ``lines`` (a JSON string of whole lines; its id "
+          "is the log's offset after them), the last ``tail`` lines first, then each batch "
+          "written since, until ``end`` once the job has ended",
+          "content": {"text/event-stream": {"itemSchema": _LOG_STREAM_EVENTS}}},
+    **error_responses(404)})
+def stream_logs(job_id: str, key: CurrentKey, session: SessionDep, settings: SettingsDep,
+                tail: Annotated[int, Query(ge=1, le=10_000)] = 200,
+                last_event_id: Annotated[int | None, Header(ge=0, le=BIGINT_MAX)] = None
+                ) -> StreamingResponse:
+    """The job's log as one stream (all its processes; secrets redacted): a page follows it
+    without asking again and again. ``Last-Event-ID`` (an offset) goes on where a dropped
+    stream stopped."""
+    job = service.get_job(session, key.project_id, job_id)
+    path, project_id = service.job_log_path(job, settings), key.project_id
+    session.close()  # the stream opens short sessions of its own; hold no connection meanwhile
+    return StreamingResponse(_follow_log(path, job.id, project_id, last_event_id, tail),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _follow_log(path: Path, job_id: str, project_id: str, after: int | None, tail: int
+                      ) -> AsyncIterator[str]:
+    if after is None:
+        text, after = await asyncio.to_thread(tail_lines, path, tail)
+        yield f"id: {after}\nevent: lines\ndata: {json.dumps(text)}\n\n"
+    quiet_since = asyncio.get_running_loop().time()
+    async for text, offset, ended in log_batches(
+            path, after, lambda: _has_ended(job_id, project_id)):
+        now = asyncio.get_running_loop().time()
+        if text:
+            yield f"id: {offset}\nevent: lines\ndata: {json.dumps(text)}\n\n"
+            quiet_since = now
+        elif ended:
+            yield "event: end\ndata: {}\n\n"
+        elif now - quiet_since >= KEEP_ALIVE:
+            yield ": keep-alive\n\n"
+            quiet_since = now
+
+
+KEEP_ALIVE = 15.0  # seconds of quiet before a comment that keeps proxies from closing the stream
 
 
 @router.get("/{job_id}/plan", response_model=PlanOut, responses=error_responses(404))

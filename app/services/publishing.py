@@ -135,8 +135,11 @@ def render_model_card(
     evaluation: dict | None,
     kind: str = "dflash",
     num_speculative_tokens: int | None = None,
+    partial_epoch: int | None = None,
 ) -> str:
     """A Hugging Face model card (README.md) for a drafter of ``kind`` (DFlash unless named).
+    ``partial_epoch`` (counted from 1) marks a checkpoint saved when training was stopped during
+    that epoch.
 
     Deterministic: the same inputs give the same bytes (no timestamps), which is what lets a
     second publish with nothing changed make no commit.
@@ -188,6 +191,9 @@ def render_model_card(
         f"{tokens} tokens per step, conditioned on hidden states from layers "
         f"{', '.join(map(str, layer_ids))} of the verifier; the verifier checks them, so the "
         f"output is the verifier's own (lossless).",
+        *([f"**Partial checkpoint.** Saved when training was stopped during epoch "
+           f"{partial_epoch}: it has seen only part of that epoch's data."]
+          if partial_epoch is not None else []),
         "## Draft model\n\n" + _table(draft, ("Property", "Value")),
         "## Serve with vLLM\n\n"
         f"Requires vLLM >= {MIN_VLLM}. This serves the verifier with this draft:\n\n"

@@ -247,17 +247,53 @@ def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api
     assert hidden_state_files(pg_stack, job["id"]) == []
 
 
-def test_cancel_during_training(pg_api: Api, pg_stack: Stack, small_demo) -> None:
-    pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
-    job = submit(pg_api, small_demo, epochs=3)
-    wait_for(lambda: event_seen(pg_api, job["id"], "epoch", "started"), 400, "training to start")
-    assert job_processes(job["id"])
-    pg_api.post(f"/api/jobs/{job['id']}/cancel")
-    # Generous deadlines: the cancel grace is 2 s, but a loaded 2-core machine is slow.
-    done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=120)
-    assert done["status"] == "cancelled"
-    wait_for(lambda: job_processes(job["id"]) == [], 60, "processes to go")
-    assert hidden_state_files(pg_stack, job["id"]) == []
+def trained_steps(api: Api, job_id: str) -> int:
+    return len(api.get(f"/api/jobs/{job_id}/metrics", params={"name": "train/loss"}).json()["data"])
+
+
+def test_a_cancel_mid_epoch_keeps_a_partial_checkpoint_or_says_nothing_was_saved(
+        pg_api: Api, pg_stack: Stack, small_demo) -> None:
+    """Cancelled mid-epoch, the trainer saves the epoch so far before it exits (it has
+    SPECDECK_TRAINER_STOP_GRACE_SECONDS for it): a partial checkpoint, marked so in the API,
+    which deploys. Given no time to save, it loses that epoch, and the events say so. Exits
+    read in words."""
+    worker = pg_stack.start_worker("cpu-worker", **REAL_PIPELINE)
+    outcomes = []
+    for grace in ("60", "0"):
+        if grace == "0":  # a worker that gives its trainers no time to save
+            worker.stop()
+            worker = pg_stack.start_worker("hasty", **REAL_PIPELINE,
+                                           SPECDECK_TRAINER_STOP_GRACE_SECONDS=grace)
+        job = submit(pg_api, small_demo, epochs=3)
+        wait_for(lambda: trained_steps(pg_api, job["id"]) >= 3, 400, "a few training steps")
+        pg_api.post(f"/api/jobs/{job['id']}/cancel")
+        done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=120)
+        assert done["status"] == "cancelled"
+        assert done["candidates"][0]["status"] == "stopped"
+        wait_for(lambda: job_processes(job["id"]) == [], 60, "processes to go")
+        assert hidden_state_files(pg_stack, job["id"]) == []
+        messages = [e["message"] for e in pg_api.events(job["id"])]
+        outcomes.append((job, messages))
+        assert not [m for m in messages if re.search(r"code -\d", m)], messages  # in words
+
+    worker.stop()  # the deployment below is checked as accepted, not served
+    (saved, messages), (lost, hasty) = outcomes
+    [partial] = pg_api.get(f"/api/jobs/{saved['id']}/checkpoints").json()["data"]
+    assert partial["partial"] is True and partial["path"].endswith("/interrupted"), partial
+    assert "partial checkpoint of epoch 1 saved when the trainer was stopped" in messages, messages
+    assert any(m.startswith("speculators trainer on the CPU (gloo) stopped by SpecDeck")
+               for m in messages), messages
+    deployed = pg_api.post("/api/deployments", json={"name": "partial", "runtime": "local",
+                                                    "checkpoint_id": partial["id"]})
+    assert deployed.status_code == 201, deployed.text
+    assert deployed.json()["drafter"] == partial["path"]
+    assert pg_api.delete(f"/api/deployments/{deployed.json()['id']}").json()["status"] == "stopped"
+
+    assert pg_api.get(f"/api/jobs/{lost['id']}/checkpoints").json()["data"] == []
+    assert any(m.startswith("speculators trainer on the CPU (gloo) killed after the grace "
+                            "period (0 s)") for m in hasty), hasty
+    assert any("the trainer was stopped during epoch 1 and saved nothing of it" in m
+               and "no checkpoint is kept" in m for m in hasty), hasty
 
 
 def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack, small_demo) -> None:

@@ -5,11 +5,13 @@ GET /api/jobs/{id}/metrics with ``after`` answers only the metrics recorded sinc
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -111,10 +113,35 @@ def test_metrics_after_a_cursor(api: Api, job_body) -> None:
     assert [m["step"] for m in new["data"]] == [3] and new["last_id"] > cursor
 
 
-def test_the_cli_follows_a_running_jobs_log_until_it_ends(pg_stack: Stack, pg_job_body,
-                                                          tmp_path: Path) -> None:
-    """`specdeck jobs logs JOB --follow` against a real API process: the last lines, each line
-    as it is written, and an exit once the job has ended."""
+def sse(response: httpx.Response) -> Iterator[dict[str, str]]:
+    event: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):  # a comment is a keep-alive
+            name, _, value = line.partition(": ")
+            event[name] = value
+
+
+def read_stream(api: httpx.Client, job_id: str, into: list[dict[str, str]], **headers: str
+                ) -> None:
+    with api.stream("GET", f"/api/jobs/{job_id}/logs/stream", params={"tail": 2},
+                    headers=headers) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        into.extend(sse(response))
+
+
+def lines_of(events: list[dict[str, str]]) -> str:
+    return "".join(json.loads(e["data"]) for e in events if e["event"] == "lines")
+
+
+def test_the_cli_and_the_log_stream_follow_a_running_jobs_log_until_it_ends(
+        pg_stack: Stack, pg_job_body, tmp_path: Path) -> None:
+    """`specdeck jobs logs JOB --follow` and GET /api/jobs/{id}/logs/stream (what the dashboard
+    reads) against a real API process: the last lines, each line as it is written, and an end
+    once the job has ended. A stream resumed with Last-Event-ID goes on from there."""
     url, api_proc = start_api({**os.environ, **pg_stack.env}, tmp_path / "api.log")
     cli = None
     try:
@@ -129,13 +156,26 @@ def test_the_cli_follows_a_running_jobs_log_until_it_ends(pg_stack: Stack, pg_jo
                                start_new_session=True, preexec_fn=die_with_parent)
         out: list[str] = []
         threading.Thread(target=lambda: out.extend(cli.stdout), daemon=True).start()
+        events: list[dict[str, str]] = []
+        stream = threading.Thread(target=read_stream, args=(api, job_id, events))
+        stream.start()
         wait_for(lambda: out == ["two\n", "three\n"], 60, "the last two lines")
+        wait_for(lambda: lines_of(events) == "two\nthree\n", 60, "the stream's last two lines")
         append(path, "four\n")
         wait_for(lambda: out[-1:] == ["four\n"], 60, "the line written while following")
+        wait_for(lambda: lines_of(events).endswith("four\n"), 60, "the line in the stream")
         append(path, "cancelled\n")  # the job's last line, then its end
         assert api.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
         assert cli.wait(60) == 0  # told the job ended, within a second of it
         assert "".join(out) == "two\nthree\nfour\ncancelled\n"
+        stream.join(60)
+        assert not stream.is_alive() and events[-1] == {"event": "end", "data": "{}"}
+        assert lines_of(events) == "two\nthree\nfour\ncancelled\n"
+        assert int(events[-2]["id"]) == path.stat().st_size  # the offset after its lines
+
+        resumed: list[dict[str, str]] = []  # a dropped stream goes on where it stopped
+        read_stream(api, job_id, resumed, **{"Last-Event-ID": str(len("one\ntwo\n"))})
+        assert lines_of(resumed) == "three\nfour\ncancelled\n" and resumed[-1]["event"] == "end"
     finally:
         if cli is not None and cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)

@@ -190,6 +190,10 @@ def test_card_of_a_checkpoint_shows_its_recorded_evaluation(checkpoint: Path) ->
     assert "| Output tokens/s | 14.8 |" in evaluation
     assert "ckpt_1" not in text  # internal ids stay out of the card
     assert card(Checkpoint(path=str(checkpoint), metrics=None, evaluation=RECORDED), job, REPO_ID) == text
+    assert "Partial checkpoint" not in text
+    partial = card(Checkpoint(path=str(checkpoint), epoch=2, partial=True), job, REPO_ID)
+    assert ("**Partial checkpoint.** Saved when training was stopped during epoch 3: it has seen "
+            "only part of that epoch's data.") in partial
 
 
 def test_card_for_a_local_verifier_has_no_base_model() -> None:
