@@ -20,7 +20,9 @@ from app.services.scheduling import schedule
 from app.services.state import DeploymentStatus, StaleJob, transition
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
+from workers.adoption import Found, take_over
 from workers.promotion import (
+    Engine,
     engine_headers,
     pending_promotion,
     start_engine,
@@ -30,7 +32,7 @@ from workers.promotion import (
 )
 from workers.live_metrics import LiveMetrics
 from workers.runner import Cancelled, JobContext, ShuttingDown, StageFailed
-from workers.supervisor import ManagedProcess
+from workers.supervisor import Process, exit_words
 
 log = logging.getLogger(__name__)
 UNHEALTHY_CHECKS = 3  # consecutive failed health checks that count as a crash
@@ -52,7 +54,7 @@ def _move(lease: Lease, to: DeploymentStatus, **kwargs: Any) -> None:
         transition(session, lease.load(session), to, token=lease.token, **kwargs)
 
 
-def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[str, str]
+def monitor(ctx: JobContext, proc: Process, base_url: str, headers: dict[str, str]
             ) -> str | Switch:
     """Health-check until the engine crashes (returns why), a promotion asks for another
     drafter (returns it), or the deployment must stop (raises); a healthy round also scrapes
@@ -63,8 +65,8 @@ def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
             ctx.check()
-            if proc.poll() is not None:
-                return f"the engine exited with code {proc.poll()}"
+            if (code := proc.poll()) is not None:
+                return f"the engine {exit_words(code, None)}"
             try:
                 healthy = client.get(f"{base_url}/health").status_code == 200
             except httpx.TransportError:
@@ -79,17 +81,20 @@ def monitor(ctx: JobContext, proc: ManagedProcess, base_url: str, headers: dict[
             ctx.heartbeat.cancel_requested.wait(ctx.settings.health_check_seconds)
 
 
-def serve_once(ctx: JobContext, name: str, api_key: str) -> str:
-    """Start the engine, wait until it is ready, mark the deployment ready, watch it, switch
-    its drafter when a promotion asks (workers/promotion.py). Returns why it went down."""
-    engine = start_engine(ctx, ctx.spec, name, api_key, (ctx.spec.get("allocation") or {}).get("verifier"))
+def serve_once(ctx: JobContext, name: str, api_key: str, adopted: Engine | None = None) -> str:
+    """Start the engine, wait until it is ready, mark the deployment ready (an ``adopted``
+    engine is ready already), watch it, switch its drafter when a promotion asks
+    (workers/promotion.py). Returns why it went down."""
+    engine = adopted or start_engine(ctx, ctx.spec, name, api_key,
+                                     (ctx.spec.get("allocation") or {}).get("verifier"))
     try:
-        try:
-            wait_engine(ctx, engine, name, api_key)
-        except StageFailed as exc:
-            return str(exc)
-        _move(ctx.lease, DeploymentStatus.READY, message=f"ready on port {engine.port}",
-              columns={"upstream_url": upstream_url(ctx, engine)})
+        if adopted is None:
+            try:
+                wait_engine(ctx, engine, name, api_key)
+            except StageFailed as exc:
+                return str(exc)
+            _move(ctx.lease, DeploymentStatus.READY, message=f"ready on port {engine.port}",
+                  columns={"upstream_url": upstream_url(ctx, engine)})
         while True:
             outcome = monitor(ctx, engine.proc, engine.base_url, engine_headers(api_key))
             if isinstance(outcome, str):
@@ -99,13 +104,16 @@ def serve_once(ctx: JobContext, name: str, api_key: str) -> str:
         ctx.stop(engine.proc)
 
 
-def serve(ctx: JobContext, name: str, api_key: str, restarts: int) -> None:
-    """Serve until stopped; after each crash, restart after 2^n seconds (at most 60), up to
-    ``deployment_max_restarts`` times, then give up."""
+def serve(ctx: JobContext, name: str, api_key: str, restarts: int,
+          adopted: Engine | None = None) -> None:
+    """Serve until stopped (first through an ``adopted`` engine, if given); after each crash,
+    restart after 2^n seconds (at most 60), up to ``deployment_max_restarts`` times, then give
+    up."""
     if ctx.spec.get("runtime") == "local" and (missing := vllm_missing()):
         raise GaveUp(missing)
     while True:
-        why = serve_once(ctx, name, api_key)
+        why = serve_once(ctx, name, api_key, adopted)
+        adopted = None
         restarts += 1
         if restarts > ctx.settings.deployment_max_restarts:
             raise GaveUp(f"{why}; gave up after {restarts - 1} restarts")
@@ -118,7 +126,8 @@ def serve(ctx: JobContext, name: str, api_key: str, restarts: int) -> None:
             ctx.heartbeat.cancel_requested.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
-def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings, api_key: str) -> None:
+def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings, api_key: str,
+                   adopted: Found | None = None) -> None:
     heartbeat = Heartbeat(lease, interval=settings.heartbeat_seconds,
                           lease_seconds=settings.lease_seconds)
     with heartbeat:
@@ -126,11 +135,12 @@ def run_deployment(lease: Lease, deployment: dict[str, Any], settings: Settings,
         # for the deployment (runner.py): its restarts and promotions skip vLLM's imports.
         spec = deployment["spec"]
         ctx = JobContext(lease=lease, spec=spec, settings=settings, heartbeat=heartbeat,
-                         secrets=[api_key],
+                         secrets=[api_key], outlives_worker=True,
                          preload=settings.vllm_preload and spec.get("runtime") == "local")
         ending: tuple[DeploymentStatus, dict[str, Any]] | None
         try:
-            serve(ctx, deployment["name"], api_key, deployment["restarts"])
+            engine = take_over(ctx, adopted) if adopted is not None else None
+            serve(ctx, deployment["name"], api_key, deployment["restarts"], engine)
             ending = None  # serve() only returns by raising
         except Cancelled:
             ending = DeploymentStatus.STOPPED, {"reason": "deleted by user", "columns": {"upstream_url": None}}

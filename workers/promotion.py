@@ -29,7 +29,7 @@ from app.services import promotions
 from app.services.state import PromotionStatus, move_promotion
 from workers.readiness import free_port, wait_ready
 from workers.runner import JobContext, StageFailed
-from workers.supervisor import ManagedProcess
+from workers.supervisor import Process
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -40,7 +40,7 @@ DRAIN_POLL_SECONDS = 0.2
 class Engine:
     """One serving engine process of a deployment, on a port of its own."""
 
-    proc: ManagedProcess
+    proc: Process
     port: int
     gpus: list[int]
 

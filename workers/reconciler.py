@@ -23,6 +23,7 @@ from app.services.scheduling import schedule, unplace_from_dead_workers
 from app.services.state import (LEASED, MACHINES, DeploymentStatus, JobStatus, StaleJob,
                                 record_event, transition)
 from app.settings import Settings, get_settings
+from workers.adoption import adopt
 from workers.supervisor import Group, reap
 
 log = logging.getLogger(__name__)
@@ -154,10 +155,12 @@ def rekick_queued(settings: Settings) -> int:
     return count
 
 
-def recover_own(worker_id: str, host: str) -> int:
+def recover_own(settings: Settings, host: str) -> int:
     """At start-up: an earlier run of this worker died (SIGKILL, OOM, power) holding jobs or
-    deployments. Hand them back now rather than when their leases run out, and stop what it
-    left running here."""
+    deployments. The engines it left serving, still ready, are adopted (workers/adoption.py);
+    the rest is handed back now rather than when the leases run out, and what it left running
+    here is stopped. Returns how many were handed back."""
+    worker_id = settings.worker_name
     found: list[Orphans] = []
     handed_back = 0
     with session_scope() as session:
@@ -166,9 +169,10 @@ def recover_own(worker_id: str, host: str) -> int:
                 select(model).where(model.status.in_([s.value for s in HELD[model]]),
                                     model.lock_owner == worker_id)
                 .with_for_update(skip_locked=True)).all()
-            found += _hand_back(list(rows), session,
-                                lambda row: f"worker {worker_id} restarted", host)
-            handed_back += len(rows)
+            lost = [row for row in rows
+                    if not (isinstance(row, Deployment) and adopt(session, row, settings, host))]
+            found += _hand_back(lost, session, lambda row: f"worker {worker_id} restarted", host)
+            handed_back += len(lost)
     stop_orphans(found)
     return handed_back
 

@@ -24,7 +24,7 @@ from app.services.state import TERMINAL, JobStatus, Stage, StaleJob, record_even
 from app.settings import Settings
 from workers.lease import Heartbeat, Lease, LeaseLost
 from workers.runtimes.local.preload import PRELOADER_ENV, forks, launcher_argv, preloader_argv
-from workers.supervisor import Group, ManagedProcess, exit_words
+from workers.supervisor import Group, ManagedProcess, Process, exit_words
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,13 @@ class JobContext(Generic[S]):
     # The local runtime's processes (vLLM servers, prepare-data, the trainer) forked from one
     # import of their modules per job or deployment (preload.py): set on the local runtime.
     preload: bool = False
-    _preloader: tuple[ManagedProcess, str] | None = None  # the process, its socket's path
+    # A deployment's processes write their output to its log themselves: they can outlive the
+    # worker (workers/adoption.py); a job's pass it through the worker, which reads progress.
+    outlives_worker: bool = False
+    _preloader: tuple[Process, str] | None = None  # the process, its socket's path
     _preload_lock: threading.Lock = field(default_factory=threading.Lock)
     _watched: list[tuple[str, ManagedProcess, Path]] = field(default_factory=list)
-    _stopped: list[ManagedProcess] = field(default_factory=list)
+    _stopped: list[Process] = field(default_factory=list)
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
     _groups: list[Group] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -108,7 +111,10 @@ class JobContext(Generic[S]):
 
     def should_stop(self) -> bool:
         return (self.heartbeat.lost.is_set() or self.heartbeat.cancel_requested.is_set()
-                or SHUTTING_DOWN.is_set() or any(p.poll() is not None for _, p, _ in self._watched))
+                or SHUTTING_DOWN.is_set() or self.dependency_died())
+
+    def dependency_died(self) -> bool:
+        return any(p.poll() is not None for _, p, _ in self._watched)
 
     def watch(self, name: str, proc: ManagedProcess, log_path: Path) -> None:
         """The job cannot go on without ``proc``: its death stops and fails the current stage."""
@@ -169,7 +175,8 @@ class JobContext(Generic[S]):
                    {"argv": argv, "env": command.redacted_env(), "gpus": command.gpus})
         proc = ManagedProcess(argv, env=env, log_path=log_path or self.paths.log,
                               job_id=self.job_id, secrets=self.secrets, on_line=on_line,
-                              description=command.description)
+                              description=command.description,
+                              outlives_worker=self.outlives_worker)
         self._track(proc.pgid, add=True)
         return proc
 
@@ -190,7 +197,14 @@ class JobContext(Generic[S]):
             preloader, path = self._preloader
         return {} if preloader.poll() is not None else {PRELOADER_ENV: path}
 
-    def finish(self, proc: ManagedProcess) -> None:
+    def adopt(self, groups: list[Group], preloader: tuple[Process, str] | None) -> None:
+        """Processes an earlier run of this worker started are this context's now (their groups
+        stay recorded on the row; the preloader forks the next engine)."""
+        with self._lock:
+            self._groups = list(groups)
+        self._preloader = preloader
+
+    def finish(self, proc: Process) -> None:
         """Bookkeeping once ``proc`` has exited: forget its group, record how it ended."""
         try:
             self._track(proc.pgid, add=False)
@@ -202,7 +216,7 @@ class JobContext(Generic[S]):
             log.warning("job %s: lease lost; %s stopped without bookkeeping", self.job_id,
                         proc.description)
 
-    def stop(self, proc: ManagedProcess) -> None:
+    def stop(self, proc: Process) -> None:
         """Stop a process started with ``start`` (SIGTERM to its group, the grace period, then
         SIGKILL) and record how it ended. It is unwatched first, so its exit is not taken for a
         crash. Stopping it again does nothing."""
@@ -222,9 +236,14 @@ class JobContext(Generic[S]):
         raises ProcessFailed with the end of the log (``log_tail``: of what the process printed
         itself, when the job's log holds other processes' lines too)."""
         proc = self.start(command, on_line)
+        cancel_grace = self.settings.cancel_grace_seconds
+
+        def grace_now() -> float:
+            # A process whose verifier server died gets nothing done in a longer grace (a
+            # trainer would wait on the dead server to finish its step): it stops at once.
+            return cancel_grace if grace is None or self.dependency_died() else grace
         try:
-            code = proc.wait(self.should_stop, grace=self.settings.cancel_grace_seconds
-                             if grace is None else grace)
+            code = proc.wait(self.should_stop, grace=grace_now)
         finally:
             self.finish(proc)
         self.check()

@@ -3,6 +3,7 @@ SIGTERM then SIGKILL on stop, and stopping the orphans a dead worker left (``Gro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -29,11 +30,16 @@ def redact(line: str, secrets: Iterable[str]) -> str:
 
 
 class ManagedProcess:
-    """One command in its own session (so its own process group), its output in ``log_path``."""
+    """One command in its own session (so its own process group), its output in ``log_path``:
+    through a pipe that the worker reads (secrets redacted, each line to ``on_line``) or, for a
+    process that is to outlive the worker (``outlives_worker``: a serving engine), written to
+    the file by the process itself, so it has somewhere to write once the worker is gone."""
 
     def __init__(self, argv: list[str], *, env: dict[str, str], log_path: Path, job_id: str,
                  secrets: Iterable[str] = (), on_line: Callable[[str], None] | None = None,
-                 cwd: Path | None = None, description: str = "process") -> None:
+                 cwd: Path | None = None, description: str = "process",
+                 outlives_worker: bool = False) -> None:
+        assert not (outlives_worker and on_line), "its lines do not pass through the worker"
         # Unbuffered: its output reaches the log (progress, a crash's last lines) as it is
         # written, not when a pipe's buffer fills; a SIGKILLed process loses nothing.
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env, JOB_ENV: job_id}
@@ -45,9 +51,12 @@ class ManagedProcess:
         self.secrets = [s for s in secrets if s]
         self.on_line = on_line
         self.log_path = log_path
-        self.proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        with contextlib.ExitStack() as files:
+            out = (files.enter_context(log_path.open("ab")) if outlives_worker
+                   else subprocess.PIPE)
+            self.proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         self.pgid = self.proc.pid
         self.line_error: BaseException | None = None
         self.stopped: str | None = None  # "term" once stop() sent SIGTERM, "kill" once SIGKILL
@@ -56,7 +65,8 @@ class ManagedProcess:
         self._reader.start()
 
     def _pump(self) -> None:
-        assert self.proc.stdout is not None
+        if self.proc.stdout is None:
+            return
         with self.log_path.open("a", encoding="utf-8") as out:
             for raw in self.proc.stdout:
                 line = redact(raw.decode("utf-8", errors="replace"), self.secrets)
@@ -82,8 +92,10 @@ class ManagedProcess:
         """How long it ran (so far, if it still runs)."""
         return (self._ended or time.monotonic()) - self._started
 
-    def wait(self, should_stop: Callable[[], bool], *, grace: float, tick: float = 0.2) -> int:
-        """Wait for exit; when ``should_stop()`` turns true, stop the group and return."""
+    def wait(self, should_stop: Callable[[], bool], *, grace: float | Callable[[], float],
+             tick: float = 0.2) -> int:
+        """Wait for exit; when ``should_stop()`` turns true, stop the group (``grace``: seconds,
+        or what gives them at that moment) and return."""
         while True:
             try:
                 code = self.proc.wait(timeout=tick)
@@ -91,7 +103,7 @@ class ManagedProcess:
                 break
             except subprocess.TimeoutExpired:
                 if should_stop():
-                    code = self.stop(grace)
+                    code = self.stop(grace() if callable(grace) else grace)
                     break
         signal_group(self.pgid, signal.SIGKILL)  # anything the command left in its group
         self._reader.join(timeout=10)
@@ -101,20 +113,59 @@ class ManagedProcess:
 
     def stop(self, grace: float) -> int:
         """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL."""
-        self.stopped, self.grace = "term", grace
-        signal_group(self.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None and not group_alive(self.pgid):
-                break
-            time.sleep(0.05)
-        if self.proc.poll() is None:
-            self.stopped = "kill"
-        signal_group(self.pgid, signal.SIGKILL)
+        self.grace = grace
+        self.stopped = stop_group(self.pgid, grace, lambda: self.proc.poll() is not None)
         code = self.proc.wait()
         self.poll()
         self._reader.join(timeout=10)
         return code
+
+
+def stop_group(pgid: int, grace: float, leader_exited: Callable[[], bool]) -> str:
+    """SIGTERM the group, wait up to ``grace`` seconds for it to end, then SIGKILL what is
+    left. Returns "term" when its leader exited within the grace, "kill" when it had not."""
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if leader_exited() and not group_alive(pgid):
+            break
+        time.sleep(0.05)
+    stopped = "term" if leader_exited() else "kill"
+    signal_group(pgid, signal.SIGKILL)
+    return stopped
+
+
+# What an adopted process's exit code reads as: it is not this worker's child, so its code
+# went with the worker that started it.
+EXIT_UNKNOWN = -256
+
+
+class AdoptedProcess:
+    """A process group that an earlier run of this worker started and this one took over (a
+    serving engine that outlived it, and the preloader it was forked from): watched and
+    stopped through its group, like a ``ManagedProcess``; its exit code is ``EXIT_UNKNOWN``."""
+
+    def __init__(self, group: Group, description: str) -> None:
+        self.group, self.pgid, self.description = group, group.pgid, description
+        self.stopped: str | None = None
+        self.grace = 0.0
+        self._started = time.monotonic()
+        self._ended: float | None = None
+
+    def poll(self) -> int | None:
+        if self._ended is None and not (self.group.is_current() and _start_time(self.pgid)):
+            self._ended = time.monotonic()
+        return None if self._ended is None else EXIT_UNKNOWN
+
+    @property
+    def seconds(self) -> float:
+        """How long it ran since it was adopted."""
+        return (self._ended or time.monotonic()) - self._started
+
+    def stop(self, grace: float) -> int:
+        self.grace = grace
+        self.stopped = stop_group(self.pgid, grace, lambda: self.poll() is not None)
+        return EXIT_UNKNOWN
 
 
 def exit_words(code: int | None, stopped: str | None, grace: float = 0.0) -> str:
@@ -126,6 +177,8 @@ def exit_words(code: int | None, stopped: str | None, grace: float = 0.0) -> str
         return "stopped by SpecDeck" + (f" (exit code {code})" if code and code > 0 else "")
     if code == 0:
         return "exited normally"
+    if code == EXIT_UNKNOWN:
+        return "exited (how is not known: it was adopted from an earlier run of the worker)"
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -137,18 +190,24 @@ def exit_words(code: int | None, stopped: str | None, grace: float = 0.0) -> str
     return f"exited with code {code}"
 
 
+# What a job or deployment runs: a process it started, or one it adopted.
+Process = ManagedProcess | AdoptedProcess
+
+
 def _boot_id() -> str:
     return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def _start_time(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (field 22 of /proc/<pid>/stat): with
-    the boot id, what tells a process from a later one that got the same PID."""
+    the boot id, what tells a process from a later one that got the same PID. None once it
+    has ended."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])  # a zombie has ended
 
 
 @dataclass(frozen=True)
@@ -172,6 +231,11 @@ class Group:
 
     def to_json(self) -> dict[str, Any]:
         return {"pgid": self.pgid, "started": self.started, "boot": self.boot}
+
+    def leads(self) -> bool:
+        """Whether the process that led the group when it was recorded still runs."""
+        return (self.started is not None and (self.boot is None or self.boot == _boot_id())
+                and _start_time(self.pgid) == self.started)
 
     def is_current(self) -> bool:
         """Still the group that was recorded: same boot and, while its leader lives, the same

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from typing import Any
 
 from celery import signals
 from sqlalchemy import select
@@ -18,13 +19,15 @@ from app.logtail import tail
 from app.services import replicas
 from app.services import workers as registry
 from app.services.scheduling import schedule
+from app.services.dispatch import ADOPT_DEPLOYMENT_TASK
 from app.services.state import DeploymentStatus, transition
 from app.services.publishing import PublishError
 from app.schemas.job_spec import JobSpec
 from app.services.secrets import HF_TOKEN, cipher
 from app.settings import get_settings
 from workers.deployments import run_deployment
-from workers.lease import claim
+from workers.adoption import find
+from workers.lease import Lease, claim
 from workers.publish import MissingToken, prepare, record
 from workers.reconciler import Reconciler, recover_own
 from workers.runner import HOST, SHUTTING_DOWN, run_job
@@ -70,11 +73,36 @@ def run_deployment_task(deployment_id: str) -> None:
             transition(session, row, DeploymentStatus.STOPPED, token=lease.token, reason=why)
             schedule(session, settings)  # its slot is free
             return
-        # A replica's live acceptance goes to its deployment's series, marked with its index.
-        deployment = {"name": row.name, "restarts": row.restarts,
-                      "spec": {**row.spec, "allocation": row.allocation,
-                               "series": row.replica_of or row.id, "replica": row.replica}}
+        deployment = served(row)
     run_deployment(lease, deployment, settings, api_key)
+
+
+def served(row: Deployment) -> dict[str, Any]:
+    """What a worker serves of a deployment's row."""
+    # A replica's live acceptance goes to its deployment's series, marked with its index.
+    return {"name": row.name, "restarts": row.restarts,
+            "spec": {**row.spec, "allocation": row.allocation,
+                     "series": row.replica_of or row.id, "replica": row.replica}}
+
+
+@celery_app.task(name=ADOPT_DEPLOYMENT_TASK, acks_late=True, ignore_result=True)
+def adopt_deployment_task(deployment_id: str, token: str) -> None:
+    """Watch the engine an earlier run of this worker left serving (workers/adoption.py):
+    the lease was taken again at start-up with ``token``."""
+    settings = get_settings()
+    with session_scope() as session:
+        row = session.get(Deployment, deployment_id)
+        if row is None or row.lock_token != token:
+            log.info("deployment %s is no longer this adoption's", deployment_id)
+            return
+        lease = Lease(deployment_id, token, settings.worker_name, row.attempt, Deployment)
+        api_key = cipher(settings).decrypt(row.api_key_ciphertext.encode()).decode()
+        found, deployment = find(row, HOST), served(row)
+        if found is None:  # it died since: a fresh engine, as after a crash
+            transition(session, row, DeploymentStatus.STARTING, token=token,
+                       reason="the adopted engine is gone; starting another",
+                       columns={"upstream_url": None})
+    run_deployment(lease, deployment, settings, api_key, adopted=found)
 
 
 @celery_app.task(name="specdeck.publish_checkpoint", acks_late=True, ignore_result=True)
@@ -118,7 +146,7 @@ def _on_worker_ready(**_: object) -> None:
         registry.register(session, worker_id=settings.worker_name, host=HOST, queue=settings.worker_queue,
                           gpus=gpus, capacity=settings.worker_concurrency,
                           serving_slots=settings.worker_serving_slots)
-    if handed_back := recover_own(settings.worker_name, HOST):
+    if handed_back := recover_own(settings, HOST):
         log.warning("handed back %d job(s)/deployment(s) an earlier run of %s held", handed_back,
                     settings.worker_name)
     _reconciler = Reconciler(settings, settings.worker_name, HOST)

@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 RUN_JOB_TASK = "specdeck.run_job"
 RUN_DEPLOYMENT_TASK = "specdeck.run_deployment"
 TASKS: dict[type, str] = {Job: RUN_JOB_TASK, Deployment: RUN_DEPLOYMENT_TASK}
+# A restarted worker watches again the engine it left serving (workers/adoption.py).
+ADOPT_DEPLOYMENT_TASK = "specdeck.adopt_deployment"
 
 
 def kick(session: Session, obj: Job | Deployment, queue: str) -> None:

@@ -278,9 +278,12 @@ def test_a_cancel_mid_epoch_keeps_a_partial_checkpoint_or_says_nothing_was_saved
 
     worker.stop()  # the deployment below is checked as accepted, not served
     (saved, messages), (lost, hasty) = outcomes
-    [partial] = pg_api.get(f"/api/jobs/{saved['id']}/checkpoints").json()["data"]
-    assert partial["partial"] is True and partial["path"].endswith("/interrupted"), partial
-    assert "partial checkpoint of epoch 1 saved when the trainer was stopped" in messages, messages
+    # (A short epoch may have ended before the cancel: its checkpoint is kept beside.)
+    checkpoints = pg_api.get(f"/api/jobs/{saved['id']}/checkpoints").json()["data"]
+    [partial] = [c for c in checkpoints if c["partial"]]
+    assert partial["path"].endswith("/interrupted"), partial
+    assert (f"partial checkpoint of epoch {partial['epoch'] + 1} saved when the trainer was "
+            "stopped") in messages, messages
     assert any(m.startswith("speculators trainer on the CPU (gloo) stopped by SpecDeck")
                for m in messages), messages
     deployed = pg_api.post("/api/deployments", json={"name": "partial", "runtime": "local",
@@ -289,11 +292,14 @@ def test_a_cancel_mid_epoch_keeps_a_partial_checkpoint_or_says_nothing_was_saved
     assert deployed.json()["drafter"] == partial["path"]
     assert pg_api.delete(f"/api/deployments/{deployed.json()['id']}").json()["status"] == "stopped"
 
-    assert pg_api.get(f"/api/jobs/{lost['id']}/checkpoints").json()["data"] == []
+    kept = pg_api.get(f"/api/jobs/{lost['id']}/checkpoints").json()["data"]
+    assert not [c for c in kept if c["partial"]], kept
     assert any(m.startswith("speculators trainer on the CPU (gloo) killed after the grace "
                             "period (0 s)") for m in hasty), hasty
-    assert any("the trainer was stopped during epoch 1 and saved nothing of it" in m
-               and "no checkpoint is kept" in m for m in hasty), hasty
+    said = (f"the epoch {len(kept)} checkpoint is the latest kept" if kept
+            else "no checkpoint is kept")
+    assert any(re.search(r"the trainer was stopped during epoch \d+ and saved nothing of it", m)
+               and said in m for m in hasty), hasty
 
 
 def test_cancel_during_evaluation_stops_the_engine(pg_api: Api, pg_stack: Stack, small_demo) -> None:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
-SPECDECK_SERVICES = ("api", "worker", "worker-cpu")
+SPECDECK_SERVICES = ("api", "worker", "worker-cpu", "worker-cpu-2")
 
 
 def commands(service: str) -> list[list[str]]:
@@ -107,6 +107,19 @@ def test_each_worker_has_its_profile_and_image() -> None:
     for service in services.values():  # every target built exists in the Dockerfile
         if "build" in service:
             assert service["build"]["target"] in stages_by_name()
+
+
+def test_the_cpu_profile_has_two_workers_for_replicas() -> None:
+    """A worker container restarted with its engines is not adopted (docs/operations.md):
+    replicas on two workers keep serving, so the cpu profile runs two, each under its own name
+    (two with one name would share a queue)."""
+    services = COMPOSE["services"]
+    first, second = services["worker-cpu"], services["worker-cpu-2"]
+    assert first["profiles"] == second["profiles"] == ["cpu"]
+    assert first["build"] == second["build"] and first["command"] == second["command"]
+    names = {s["environment"]["SPECDECK_WORKER_NAME"] for s in (first, second)}
+    assert len(names) == 2, names
+    assert "worker-cpu-2" in (ROOT / "docs" / "operations.md").read_text()
 
 
 def test_the_makefile_uses_the_same_cli() -> None:

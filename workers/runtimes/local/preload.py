@@ -69,6 +69,11 @@ def preloader_argv(path: str, *modules: str) -> list[str]:
     return [sys.executable, "-m", MODULE, "preloader", path, *modules]
 
 
+def preloader_socket(argv: Sequence[str]) -> str | None:
+    """The socket of the preloader whose command is ``argv`` (None: not a preloader's)."""
+    return argv[4] if len(argv) > 4 and list(argv[1:4]) == ["-m", MODULE, "preloader"] else None
+
+
 def forks(argv: Sequence[str]) -> bool:
     """Whether a preloader can start ``argv``: ``python -m`` one of the ``FORKED`` modules."""
     return list(argv[:2]) == [sys.executable, "-m"] and len(argv) > 2 and argv[2] in FORKED
