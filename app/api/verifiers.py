@@ -7,12 +7,20 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import CurrentKey, SettingsDep
 from app.errors import error_responses
-from app.schemas.verifiers import VerifierInspect, VerifierOut
+from app.schemas.verifiers import VerifierInspect, VerifierList, VerifierOut
 from app.services import verifier as service
 from app.services.hub import fetch_configs
 
 router = APIRouter(prefix="/api/verifiers", tags=["verifiers"],
                    responses=error_responses(401, 403, 422, 503))
+
+
+@router.get("", response_model=VerifierList)
+async def list_verifiers(_: CurrentKey, settings: SettingsDep) -> VerifierList:
+    """The models under the models root that a job can name as its verifier (by the name
+    shown), as ``POST /api/verifiers/inspect`` reads each; a Hub id is not listed, and works
+    as well."""
+    return VerifierList(data=await run_in_threadpool(service.local_verifiers, settings))
 
 
 @router.post("/inspect", response_model=VerifierOut, responses=error_responses(400, 413))

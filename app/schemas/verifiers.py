@@ -29,3 +29,10 @@ class VerifierOut(BaseModel):
     default_target_layer_ids: list[int] | None = Field(description=(
         "The speculator.target_layer_ids a job gets unless it names its own; null where the "
         "verifier is too shallow for the defaults, so a job must name them"))
+
+
+class VerifierList(BaseModel):
+    """The verifiers under the models root, by name."""
+
+    object: Literal["list"] = "list"
+    data: list[VerifierOut]

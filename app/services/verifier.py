@@ -123,3 +123,29 @@ def inspect_verifier(reference: str, *, settings: Settings,
                        hidden_size=verifier.hidden_size, vocab_size=verifier.vocab_size,
                        dtype=verifier.dtype,
                        default_target_layer_ids=default_layer_ids(verifier.num_hidden_layers))
+
+
+MAX_LISTED = 200  # models under the models root that GET /api/verifiers lists, at most
+
+
+def local_verifiers(settings: Settings) -> list[VerifierOut]:
+    """The models under the models root a job can name: each directory (``name``, or
+    ``org/name`` one level down) whose config.json a job would accept, by name. A model whose
+    config a job would refuse is left out, as are links out of the root."""
+    root = settings.models_root
+    if not root.is_dir():
+        return []
+    candidates = []
+    for entry in sorted(root.iterdir()):
+        if (entry / "config.json").is_file():
+            candidates.append(entry.name)
+        elif entry.is_dir():
+            candidates += [f"{entry.name}/{inner.name}" for inner in sorted(entry.iterdir())
+                           if (inner / "config.json").is_file()]
+    found = []
+    for name in candidates[:MAX_LISTED]:
+        try:
+            found.append(inspect_verifier(name, settings=settings, hub={}))
+        except APIError:
+            continue
+    return found

@@ -7,7 +7,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { expect, test, type BrowserContext, type Locator, type Page, type Response as PlaywrightResponse } from "@playwright/test";
+import { expect, test, type BrowserContext, type Locator, type Page, type Request as PlaywrightRequest } from "@playwright/test";
 import { acceptNextDialog, clearState, env, fillIfPresent, saveState, screenshotPath, signIn } from "./support";
 
 const TERMINAL = /succeeded|failed|cancelled/i;
@@ -207,17 +207,14 @@ test.describe.serial("the demo flow", () => {
     const status = page.getByTestId("job-status");
     const stage = page.getByTestId("job-stage");
 
-    // What the live page asks for its log and metrics while the job runs (checked in step 7).
-    const watched: { url: URL; at: number; lines: number; ended: boolean }[] = [];
+    // What the live page asks the API for while the job runs (checked in step 7b).
+    const requests: { url: URL; at: number }[] = [];
     const watchStart = Date.now();
-    const watch = async (response: PlaywrightResponse) => {
-      const url = new URL(response.url());
-      if (!/^\/api\/jobs\/job_\w+\/(logs|metrics)$/.test(url.pathname)) return;
-      const body = await response.text().catch(() => "");
-      const lines = url.pathname.endsWith("/logs") ? body.split("\n").filter(Boolean).length : 0;
-      watched.push({ url, at: Date.now(), lines, ended: response.headers()["x-log-ended"] === "true" });
+    const watch = (request: PlaywrightRequest) => {
+      const url = new URL(request.url());
+      if (url.pathname.startsWith("/api/")) requests.push({ url, at: Date.now() });
     };
-    page.on("response", watch);
+    page.on("request", watch);
 
     await test.step("5. the job moves through its stages live", async () => {
       // A mark in this document: still there at the end means the page never reloaded.
@@ -275,7 +272,7 @@ test.describe.serial("the demo flow", () => {
         timeout: 6 * 60_000,
       });
       // In a candidate's second epoch its total is known: steps of all, the percent and the time
-      // left (the whole epoch long; the page asks every 2 s). The progress names the candidate.
+      // left (the whole epoch long; the page asks every 10 s). The progress names the candidate.
       await expect(page.locator(".job-head .progress")).toContainText(
         /^(dflash-b8|dflash-b4|eagle3) \([123] of 3\) · epoch 2\/2 · step \d+ of \d+ \(\d+(\.\d)?%\) · about (\d+[hms] ?)+left/,
         { timeout: 8 * 60_000 },
@@ -285,7 +282,7 @@ test.describe.serial("the demo flow", () => {
 
     await test.step("6b. the served evaluation has a bar of its own: its steps and percent", async () => {
       // Each engine's start and each held-out prompt is a step; the engine's start alone takes
-      // seconds on a CPU, so the page (which asks every 2 s) sees the bar.
+      // seconds on a CPU, so the page (which asks every 10 s) sees the bar.
       const evaluating = page.getByTestId("stage-progress");
       await expect(evaluating).toContainText(/(starting the engines? for|serving|prompt \d+ of \d+ done).* · \d+ of \d+ steps \(\d+(\.\d)?%\)/, {
         timeout: 15 * 60_000,
@@ -306,21 +303,37 @@ test.describe.serial("the demo flow", () => {
       await expect(page.locator(".job-head .progress")).toContainText(/^[\w.-]+ \([123] of 3\) · trained: (\d+) of \1 steps$/);
       await expect(page.getByRole("list", { name: "Pipeline stages" }).locator('[data-state="done"]')).toHaveCount(4);
       expect(await progress.getAttribute("value")).toBe(await progress.getAttribute("max")); // full
+      // One epoch numbering, from 1: the events' epochs and the checkpoint table's agree (two
+      // epochs each: 1 and 2, never a 0).
+      const timeline = page.getByRole("list", { name: "Event timeline" });
+      for (const name of ["dflash-b8", "dflash-b4", "eagle3"]) {
+        await expect(timeline).toContainText(`${name}: training epoch 1 of 2 started`);
+        await expect(timeline).toContainText(`${name}: checkpoint for epoch 2 saved`);
+        const epochs = checkpoints.getByRole("row").filter({ hasText: name }).getByTestId("checkpoint-epoch");
+        await expect(epochs).toHaveText(["1", "2"]);
+      }
+      await expect(timeline).not.toContainText(/\bepoch 0\b/);
     });
 
-    await test.step("7b. the live page asked for its log once per batch of lines, and for new metrics only", async () => {
-      page.off("response", watch);
-      const seconds = (Date.now() - watchStart) / 1000;
-      const logs = watched.filter((r) => r.url.pathname.endsWith("/logs"));
-      const metrics = watched.filter((r) => r.url.pathname.endsWith("/metrics"));
-      // The last lines once (again when the job ended); after that, each request waits for new
-      // lines: one that comes back empty has waited 25 s, or found the job ended.
-      expect(logs.filter((r) => !r.url.searchParams.has("after")).length, "whole tails").toBeLessThanOrEqual(2);
-      const following = logs.filter((r) => r.url.searchParams.has("after"));
-      expect(following.length, "the log was followed").toBeGreaterThan(0);
-      const idle = following.filter((r) => r.lines === 0 && !r.ended);
-      expect(idle.length, `empty answers over ${Math.round(seconds)} s`).toBeLessThanOrEqual(Math.floor(seconds / 20) + 1);
+    await test.step("7b. the live page followed its events and log through streams, and asked for little else", async () => {
+      page.off("request", watch);
+      const minutes = (Date.now() - watchStart) / 60_000;
+      const streams = requests.filter((r) => r.url.pathname.endsWith("/stream"));
+      const others = requests.filter((r) => !r.url.pathname.endsWith("/stream"));
+      const paths = others.map((r) => r.url.pathname.replace(/job_\w+/, "{id}"));
+      const tally = new Map<string, number>();
+      for (const p of paths) tally.set(p, (tally.get(p) ?? 0) + 1);
+      const counts = [...tally].map(([p, n]) => `${p}: ${n}`);
+      // The log: one stream (opened again only if dropped, and once more for its end), not a
+      // request per batch of lines; the events: one stream.
+      const logStreams = streams.filter((r) => r.url.pathname.endsWith("/logs/stream")).length;
+      expect(logStreams, "the log was followed through its stream").toBeGreaterThan(0);
+      expect(streams.length, "streams opened").toBeLessThanOrEqual(6);
+      expect(others.filter((r) => r.url.pathname.endsWith("/logs")), "no log polling").toHaveLength(0);
+      expect(others.length / minutes, `requests a minute besides the streams, over ${minutes.toFixed(1)} min: ${counts.join(", ")}`)
+        .toBeLessThanOrEqual(20);
       // Metrics: whole once (when the page opened, in step 4), then only what is new.
+      const metrics = others.filter((r) => r.url.pathname.endsWith("/metrics"));
       expect(metrics.filter((r) => !r.url.searchParams.has("after")).length, "whole metric fetches").toBeLessThanOrEqual(1);
       expect(metrics.length, "metrics were refreshed while the job ran").toBeGreaterThan(1);
     });
@@ -374,6 +387,9 @@ test.describe.serial("the demo flow", () => {
       // The form says which candidate it is, and that it did not win.
       await expect(page.getByTestId("deploy-candidate")).toContainText(runnerUp);
       await expect(page.getByTestId("deploy-candidate")).toContainText("not the winner");
+      // What a user chooses by: its served speedup (± its spread); the worker's slot is free.
+      await expect(page.getByTestId("deploy-speedup")).toHaveText(/^×\d+\.\d\d( ±\d+\.\d\d)?$/);
+      await expect(page.getByTestId("no-free-slot")).toHaveCount(0);
       // A candidate whose evaluation found it slower than no speculation is deployed only when
       // confirmed (this machine's speed decides; verdict.spec.ts checks that path on its own).
       const anyway = page.getByLabel(/^Deploy it anyway/);
@@ -398,6 +414,11 @@ test.describe.serial("the demo flow", () => {
       await expect(page.getByTestId("deployment-status")).toHaveText(/ready/i, { timeout: 5 * 60_000 });
       // A CPU worker's serving slot, not a "GPU 0".
       await expect(page.locator("dt:text-is('Allocation') + dd")).toHaveText(/^serving slot \d+ \(CPU\)$/);
+      // Its engine holds the worker's only serving slot: a new deployment's form says, before
+      // anything is made, that it would wait.
+      await page.goto("/deployments/new");
+      await expect(page.getByTestId("no-free-slot")).toContainText("No worker has a free serving slot now");
+      await page.goto(`/deployments/${deploymentId}`);
 
       await page.getByRole("link", { name: "Open in playground" }).click();
       await expect(page).toHaveURL(/\/playground\?deployment=/);

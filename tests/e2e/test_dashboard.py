@@ -150,7 +150,8 @@ def test_dashboard_flow_and_pages_in_chromium(tmp_path: Path, demo_assets) -> No
             state = json.loads(Path(env["SPECDECK_E2E_STATE"]).read_text())
             env["SPECDECK_SLOW_JOB"] = store_a_slower_copy(tmp_path / "var" / "specdeck.db",
                                                           state["jobId"])
-            rest = subprocess.run([npx, "playwright", "test", "pages.spec.ts", "verdict.spec.ts"],
+            rest = subprocess.run([npx, "playwright", "test", "pages.spec.ts", "verdict.spec.ts",
+                                       "first-hour.spec.ts"],
                                   cwd=FRONTEND, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=600)
             playwright = subprocess.CompletedProcess(rest.args, rest.returncode,

@@ -65,6 +65,16 @@ def requests_per_replica(api: Api, deployment_id: str, after: int = 0) -> dict[i
     return counts
 
 
+def all_events(api: Api, path: str, after: int | None = None) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    while True:
+        page = api.get(path, params={"limit": 100, **({"after": after} if after else {})}).json()
+        events += page["data"]
+        if not page["has_more"]:
+            return events
+        after = page["last_id"]
+
+
 def last_point(api: Api, deployment_id: str) -> int:
     points = api.get(f"/api/deployments/{deployment_id}/metrics", params={"limit": 1000}).json()
     return points["last_id"] or 0
@@ -132,11 +142,10 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
         pg_api: Api, pg_stack: Stack, gateway, demo: dict[str, str],  # noqa: F811
         demo_drafter: DemoDrafter, webhook_env, receiver: Receiver) -> None:  # noqa: F811
     verifier = (pg_stack.models_root / "demo").resolve()
-    for name in ("replica-a", "replica-b"):
-        # The drain grace covers a request routed to an old engine just before the route
-        # cache saw the switch: generous on a busy machine.
-        pg_stack.start_worker(name, **REAL_PIPELINE, **LIVE_ENV,
-                              SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS="5")
+    # The drain grace covers a request routed to an old engine just before the route cache saw
+    # the switch: generous on a busy machine.
+    env = {**REAL_PIPELINE, **LIVE_ENV, "SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS": "5"}
+    workers = {name: pg_stack.start_worker(name, **env) for name in ("replica-a", "replica-b")}
     trained = demo_checkpoint(pg_api, pg_stack, demo, demo_drafter)[0]["id"]
     untrained = write_untrained_drafter(verifier, pg_stack.models_root / "untrained",
                                         block_size=CPU_SPECULATOR["block_size"])
@@ -237,6 +246,27 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     # Written with the last replica's step: one delivery, none for the other replica's.
     deliveries = pg_api.get(f"/api/webhooks/{hook.json()['id']}/deliveries").json()["data"]
     assert [d["event_type"] for d in deliveries] == ["deployment.promotion_succeeded"], deliveries
+
+    # 5. Replica 1's worker is SIGKILLed and started again, as `specdeck run` or systemd would:
+    # it adopts the engine that went on serving (workers/adoption.py). Under load, no request
+    # fails, and the same engine processes serve afterwards.
+    rows = replica_rows(dep_id)
+    holder = pg_api.get(path).json()["replica_states"][1]["worker"]
+    engine = sorted(engine_processes(rows[1]["id"]))
+    load = Load(client, 5000)  # stopped once the adoption is seen and requests came after it
+    wait_for(lambda: len(load.done) >= 2, 120, "the load to be under way")
+    seen = all_events(pg_api, f"{path}/events")
+    workers[holder].kill()
+    workers[holder] = pg_stack.start_worker(holder, **env)
+    wait_for(lambda: any(e["kind"] == "adopted" and e["replica"] == 1 for e in all_events(
+        pg_api, f"{path}/events", after=seen[-1]["id"])), 120,
+        "the restarted worker to adopt replica 1's engine")
+    done = len(load.done)
+    wait_for(lambda: len(load.done) >= done + 4, 120, "requests after the adoption")
+    load.stop()
+    assert load.failures == [], load.failures
+    assert sorted(engine_processes(rows[1]["id"])) == engine
+    assert [r["status"] for r in pg_api.get(path).json()["replica_states"]] == ["ready"] * 2
 
     # 5. Scaled back to one replica: its engine stops; the deployment serves on.
     scaled = pg_api.patch(path, json={"replicas": 1})

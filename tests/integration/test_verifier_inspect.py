@@ -140,3 +140,24 @@ def test_a_name_with_no_model_behind_it_is_told_so(api: Api) -> None:
     error = assert_error(inspect(api, "demo2"), 422, "invalid_verifier", "verifier")
     assert error["message"].startswith("No model 'demo2' under the models root")
     assert "Hugging Face id" in error["message"]
+
+
+def test_the_verifiers_under_the_models_root_are_listed_by_name(api: Api, stack: Stack,
+                                                                tmp_path) -> None:
+    """GET /api/verifiers: what the new job form offers. The roots are shared by the session,
+    so this test's own models are looked for among the rest."""
+    name = write_verifier(stack.models_root, f"listed-{uuid.uuid4().hex[:6]}", layers=8)
+    org = f"org-{uuid.uuid4().hex[:6]}"
+    nested = write_verifier(stack.models_root / org, "chat", layers=12)
+    broken = write_config(stack, b"not json")
+    outside = tmp_path / "outside"
+    write_verifier(outside, "escaped", layers=8)
+    (stack.models_root / f"link-{org}").symlink_to(outside / "escaped")
+    response = api.get("/api/verifiers")
+    assert response.status_code == 200, response.text
+    listed = {v["verifier"]: v for v in response.json()["data"]}
+    assert listed[name]["num_hidden_layers"] == 8 and listed[name]["source"] == "local"
+    assert listed[f"{org}/{nested}"]["default_target_layer_ids"] == [2, 6, 9]
+    assert broken not in listed and f"link-{org}" not in listed
+    assert api.post(INSPECT, json={"verifier": f"{org}/{nested}"}).json() == \
+        listed[f"{org}/{nested}"]

@@ -700,6 +700,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/verifiers": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Verifiers
+         * @description The models under the models root that a job can name as its verifier (by the name
+         *     shown), as ``POST /api/verifiers/inspect`` reads each; a Hub id is not listed, and works
+         *     as well.
+         */
+        get: operations["list_verifiers_api_verifiers_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/verifiers/inspect": {
         parameters: {
             query?: never;
@@ -3050,6 +3072,20 @@ export interface components {
         VerifierInspect: {
             /** Verifier */
             verifier: string;
+        };
+        /**
+         * VerifierList
+         * @description The verifiers under the models root, by name.
+         */
+        VerifierList: {
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** Data */
+            data: components["schemas"]["VerifierOut"][];
         };
         /**
          * VerifierOut
@@ -6503,6 +6539,64 @@ export interface operations {
             };
             /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A dependency is unreachable; retry after Retry-After seconds */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying */
+                    "Retry-After"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_verifiers_api_verifiers_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VerifierList"];
+                };
+            };
+            /** @description Missing or invalid API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The key's role does not allow this: an inference key on /api, a member key on keys, secrets or webhooks */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Invalid request: the field is named in error.param */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

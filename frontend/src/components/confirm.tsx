@@ -29,6 +29,12 @@ export function ConfirmAction({
       >
         {label}
       </button>
+      {unavailable && (
+        // In text, not only a tooltip: phones show no tooltips.
+        <div className="hint unavailable" data-testid="unavailable">
+          {unavailable}
+        </div>
+      )}
       {action.error && (
         <div className="field-error" role="alert">
           {messageOf(action.error)}

@@ -21,18 +21,33 @@ import "./JobDetail.css";
 
 type MetricPage = Schemas["Page_MetricOut_"];
 
+// A live job page asks for the job, its new metrics and (after events) its checkpoints this
+// often: with its two streams (events, log), under 20 requests a minute.
+const LIVE_POLL_MS = 10_000;
+
 function JobPage({ job }: { job: Job }) {
   const queryClient = useQueryClient();
   const running = !isTerminal(job.status);
   const { events, connection, error } = useJobEvents(job.id);
 
-  // A new event may change the job (status, stage) and its checkpoints.
-  const newest = events.length ? events[events.length - 1].id : null;
+  // While it runs the job is read again every LIVE_POLL_MS (its training's progress moves
+  // without events), its checkpoints too when events came since; a status change at once.
+  const newest = events.length ? events[events.length - 1] : null;
+  const newestId = useRef<number | null>(null);
+  newestId.current = newest?.id ?? null;
   useEffect(() => {
-    if (newest === null || !running) return;
-    queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
-    queryClient.invalidateQueries({ queryKey: keys.checkpoints(job.id) });
-  }, [newest, running, job.id, queryClient]);
+    if (!running) return;
+    let seen = newestId.current;
+    const timer = setInterval(() => {
+      queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
+      if (newestId.current !== seen) queryClient.invalidateQueries({ queryKey: keys.checkpoints(job.id) });
+      seen = newestId.current;
+    }, LIVE_POLL_MS);
+    return () => clearInterval(timer);
+  }, [running, job.id, queryClient]);
+  useEffect(() => {
+    if (newest?.kind === "status") queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
+  }, [newest, job.id, queryClient]);
 
   // When it ends while shown: everything once more (the last metrics, log lines, evaluation).
   const wasRunning = useRef(running);
@@ -52,7 +67,7 @@ function JobPage({ job }: { job: Job }) {
       );
       return previous && after !== undefined ? { ...page, data: [...previous.data, ...page.data] } : page;
     },
-    refetchInterval: running ? 3000 : false,
+    refetchInterval: running ? LIVE_POLL_MS : false,
   });
   const series = useMemo(() => trainingSeries(metrics.data?.data ?? []), [metrics.data]);
   // A bake-off's metrics say which candidate's trainer logged them: a series each.
@@ -124,12 +139,7 @@ export default function JobDetail() {
   const job = useQuery({
     queryKey: keys.job(jobId),
     queryFn: () => must(api.GET("/api/jobs/{job_id}", { params: { path: { job_id: jobId } } })) as Promise<Job>,
-    // Every 2 s until it ends; not at all for a job that is not there.
-    refetchInterval: (query) => {
-      const { data, error } = query.state;
-      if (error instanceof ApiError && error.status < 500) return false;
-      return data && isTerminal(data.status) ? false : 2000;
-    },
+    // Read again while it runs by JobPage, as its events and progress make necessary.
   });
 
   if (job.error instanceof ApiError && job.error.status === 404) {

@@ -38,6 +38,53 @@ function Drafter({ job }: { job: Job }) {
   return <div className="dim job-kind">{kind}</div>;
 }
 
+type SortKey = "speedup" | "al";
+const SORTED_BY: Record<SortKey, (job: Job) => number | null> = {
+  speedup: (job) => (typeof job.evaluation?.speedup === "number" ? job.evaluation.speedup : null),
+  al: (job) => job.served_acceptance_length ?? null,
+};
+
+function speedupText(job: Job): string {
+  const speedup = SORTED_BY.speedup(job);
+  if (speedup === null) return "—";
+  const spread = job.evaluation?.speedup_spread;
+  return `×${speedup.toFixed(2)}${typeof spread === "number" && spread > 0 ? ` ±${spread.toFixed(2)}` : ""}`;
+}
+
+/** The page's jobs by `sort` ("speedup", "-speedup": ascending), those not measured last. */
+function sortJobs(jobs: Job[], sort: string): Job[] {
+  const key = sort.replace(/^-/, "") as SortKey;
+  if (!(key in SORTED_BY)) return jobs;
+  const sign = sort.startsWith("-") ? 1 : -1;
+  const value = SORTED_BY[key];
+  return [...jobs].sort((a, b) => {
+    const x = value(a);
+    const y = value(b);
+    if (x === null || y === null) return x === y ? 0 : x === null ? 1 : -1;
+    return sign * (x - y);
+  });
+}
+
+/** A column header that sorts the page: highest first, then lowest first, then as listed. */
+function SortHeader({ label, title, sortKey, sort, onSort }: {
+  label: string;
+  title: string;
+  sortKey: SortKey;
+  sort: string;
+  onSort: (sort: string) => void;
+}) {
+  const state = sort === sortKey ? "descending" : sort === `-${sortKey}` ? "ascending" : "none";
+  const next = state === "none" ? sortKey : state === "descending" ? `-${sortKey}` : "";
+  return (
+    <th className="num" aria-sort={state}>
+      <button type="button" className="link sort" onClick={() => onSort(next)} title={`${title}: sort this page`}>
+        <abbr title={title}>{label}</abbr>
+        <span aria-hidden="true">{state === "descending" ? " ↓" : state === "ascending" ? " ↑" : " ↕"}</span>
+      </button>
+    </th>
+  );
+}
+
 function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSelect: (on: boolean) => void }) {
   const progress = stageProgressOf(job)?.text ?? progressOf(job);
   return (
@@ -61,6 +108,9 @@ function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSe
         <StatusBadge status={job.status} />
         {job.stage && <div className="job-stage">{job.stage}</div>}
         {progress && <div className="dim job-stage">{progress}</div>}
+      </td>
+      <td className="num" data-testid="job-speedup" title="Served speedup: output tokens/s against the verifier alone">
+        {speedupText(job)}
       </td>
       <td className="num" title="Served acceptance length (tokens per verifier pass)">
         {job.served_acceptance_length != null ? job.served_acceptance_length.toFixed(2) : "—"}
@@ -87,6 +137,7 @@ export default function Jobs() {
   const wanted = params.get("status") ?? "";
   const status: JobStatus | "" = wanted in STATUSES ? (wanted as JobStatus) : "";
   const name = params.get("name") ?? "";
+  const sort = params.get("sort") ?? "";
   const [typed, setTyped] = useState(name);
   const cursor = useCursor();
   const navigate = useNavigate();
@@ -95,12 +146,12 @@ export default function Jobs() {
   const pick = (id: string, on: boolean) =>
     setPicked((ids) => (on ? [...ids.filter((x) => x !== id), id].slice(-MAX_COMPARED) : ids.filter((x) => x !== id)));
 
-  function setFilter(key: "status" | "name", value: string) {
+  function setFilter(key: "status" | "name" | "sort", value: string) {
     const next = new URLSearchParams(params);
     if (value) next.set(key, value);
     else next.delete(key);
     setParams(next, { replace: true });
-    cursor.reset();
+    if (key !== "sort") cursor.reset(); // a sort orders the page shown
   }
 
   // The box follows the URL when it changes by navigation (back, a link to /jobs).
@@ -162,6 +213,7 @@ export default function Jobs() {
         >
           Compare{picked.length > 0 && ` (${picked.length})`}
         </button>
+        {picked.length === 1 && <span className="hint">Tick one more job to compare.</span>}
         <Link to="/jobs/new" className="button primary">
           New job
         </Link>
@@ -193,15 +245,16 @@ export default function Jobs() {
                     </th>
                     <th>Job</th>
                     <th>Status, stage</th>
-                    <th className="num">
-                      <abbr title="Served acceptance length">Served AL</abbr>
-                    </th>
+                    <SortHeader label="Speedup" title="Served speedup" sortKey="speedup" sort={sort}
+                      onSort={(v) => setFilter("sort", v)} />
+                    <SortHeader label="Served AL" title="Served acceptance length" sortKey="al" sort={sort}
+                      onSort={(v) => setFilter("sort", v)} />
                     <th className="hide-narrow">Created</th>
                     <th className="hide-narrow">Duration</th>
                   </tr>
                 </thead>
                 <tbody>
-                  {page.data.map((job) => (
+                  {sortJobs(page.data, sort).map((job) => (
                     <JobRow key={job.id} job={job} selected={picked.includes(job.id)} onSelect={(on) => pick(job.id, on)} />
                   ))}
                 </tbody>

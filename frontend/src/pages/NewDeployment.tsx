@@ -1,6 +1,7 @@
 import { useState, type FormEvent } from "react";
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { Link, useNavigate, useSearchParams } from "react-router-dom";
+import { hasFreeServingSlot, useWorkers } from "../api/stack";
 import { api, must, type CaptureOptions } from "../api/client";
 import { ApiError, messageOf } from "../api/errors";
 import { Field, FormError, described, useFieldErrors } from "../components/form";
@@ -129,6 +130,8 @@ function CheckpointPreview({ id }: { id: string }) {
         {epochOf(c.epoch)}
         {c.is_best && <span className="badge good deploy-best">best</span>}
       </dd>
+      <dt>Served speedup</dt>
+      <dd data-testid="deploy-speedup">{speedupOf(c.evaluation)}</dd>
       <dt>Served AL</dt>
       <dd>{c.served_acceptance_length != null ? c.served_acceptance_length.toFixed(2) : "not measured"}</dd>
       <dt>Saved</dt>
@@ -136,6 +139,33 @@ function CheckpointPreview({ id }: { id: string }) {
         <RelTime at={c.created_at} />
       </dd>
     </dl>
+  );
+}
+
+/** "×2.31 ±0.05": the output tokens/s of the verifier alone it served at, in its evaluation. */
+function speedupOf(evaluation: Record<string, unknown> | null | undefined): string {
+  const speedup = evaluation?.speedup;
+  if (typeof speedup !== "number") return "not measured";
+  const spread = evaluation?.speedup_spread;
+  return `×${speedup.toFixed(2)}${typeof spread === "number" ? ` ±${spread.toFixed(2)}` : ""}`;
+}
+
+/** Said before anything is created: no live worker could start its engine now. */
+function NoFreeSlot({ runtime }: { runtime: Runtime }) {
+  const workers = useWorkers();
+  if (!workers.data) return null;
+  const live = workers.data.data;
+  const runtimes: ("local" | "vllm")[] = runtime ? [runtime] : ["local", "vllm"];
+  if (runtimes.some((r) => hasFreeServingSlot(live, r))) return null;
+  return (
+    <p className="state warn" role="status" data-testid="no-free-slot">
+      {live.some((w) => w.alive)
+        ? `No worker has a free serving slot${runtime ? ` for the ${runtime} runtime` : ""} now: every one is held by a
+          deployment or a job.`
+        : "No worker is running now."}{" "}
+      The deployment will wait, pending, until one frees up (see <Link to="/workers">Workers</Link>); scale another
+      deployment down or start a worker to serve it sooner.
+    </p>
   );
 }
 
@@ -410,6 +440,8 @@ export default function NewDeployment() {
         </fieldset>
 
         <CaptureFields value={capture} onChange={setCapture} errors={errors} />
+
+        <NoFreeSlot runtime={runtime} />
 
         <FormError message={formError} />
         <div className="actions">

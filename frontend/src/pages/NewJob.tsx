@@ -28,6 +28,7 @@ import {
   type Scheduler,
 } from "./jobs/form";
 import { PlanPreview, VerifierPreview, useDebounced } from "./jobs/previews";
+import { offersGpus, useLocalVerifiers, useWorkers } from "../api/stack";
 import "./jobs/jobs.css";
 
 type NumberKey = keyof typeof NUMBERS;
@@ -133,6 +134,19 @@ export default function NewJob() {
     }));
     if (create.isError) create.reset();
   }
+
+  // On a stack whose workers offer no GPU and that has `specdeck run`'s demo verifier, a new
+  // form opens with the demo settings (the API's defaults would train for hours on a CPU).
+  const workers = useWorkers();
+  const models = useLocalVerifiers();
+  const gpus = workers.data ? offersGpus(workers.data.data) : false;
+  const cpuDemo = workers.isSuccess && !gpus && models.data?.data.some((m) => m.verifier === "demo");
+  const opened = useRef(false);
+  useEffect(() => {
+    if (opened.current || !cpuDemo || !datasets.isSuccess || cloneOf !== null || touched.size > 0) return;
+    opened.current = true;
+    applyDemo();
+  });
 
   function submit(event: FormEvent) {
     event.preventDefault();
@@ -249,6 +263,12 @@ export default function NewJob() {
         side. The defaults are the API's; “Use demo settings” fills a small bake-off of three drafters on the tiny demo
         verifier that a CPU can train and serve.
       </p>
+      {cpuDemo && cloneOf === null && (
+        <p className="state" role="status" data-testid="cpu-defaults">
+          No worker offers a GPU, so the form opened with the demo settings: minutes on a CPU, where the API's defaults (20
+          epochs of 8,192-token sequences) would take hours.
+        </p>
+      )}
       {cloneOf && (
         <div className={`state${cloned.isError ? " error" : ""}`} role={cloned.isError ? "alert" : "status"} data-testid="clone-note">
           {cloned.isError ? (
@@ -335,7 +355,13 @@ export default function NewJob() {
                 id={verifierId}
                 label="Verifier"
                 error={verifierError}
-                hint="A Hugging Face Hub id (org/name) or a directory under the models root."
+                hint={
+                  models.data?.data.length
+                    ? `A Hugging Face Hub id (org/name) or a directory under the models root: ${models.data.data
+                        .map((m) => m.verifier)
+                        .join(", ")}.`
+                    : "A Hugging Face Hub id (org/name) or a directory under the models root."
+                }
               >
                 <input
                   {...described(verifierId, verifierError, true)}
@@ -344,8 +370,16 @@ export default function NewJob() {
                   placeholder="Qwen/Qwen3-8B"
                   autoComplete="off"
                   spellCheck={false}
+                  list={`${verifierId}-models`}
                   onChange={(e) => update("verifier", e.target.value)}
                 />
+                <datalist id={`${verifierId}-models`} data-testid="local-verifiers">
+                  {models.data?.data.map((m) => (
+                    <option key={m.verifier} value={m.verifier}>
+                      {m.num_hidden_layers} layers, under the models root
+                    </option>
+                  ))}
+                </datalist>
               </Field>
               <VerifierPreview
                 verifier={verifier}
@@ -427,9 +461,12 @@ export default function NewJob() {
                   ["vllm", "vllm (GPUs)"],
                 ] satisfies [Runtime, string][],
               )}
-              {form.runtime === "local" ? (
+              {form.runtime === "local" || !gpus ? (
                 <p className="hint" data-testid="local-resources">
-                  The local runtime runs on a worker's CPU: there are no GPUs to choose. On two cores the API's defaults
+                  {form.runtime === "local"
+                    ? "The local runtime runs on a worker's CPU: there are no GPUs to choose."
+                    : "No worker offers GPUs now: there are none to choose, and a job of the vllm runtime waits for a GPU worker."}{" "}
+                  On two cores the API's defaults
                   (20 epochs of 8192-token sequences) take hours; “Use demo settings” is sized for a CPU. It serves dflash
                   and eagle3 drafters only: dspark and dflash2 need a GPU host (the vllm runtime).
                 </p>

@@ -77,7 +77,7 @@ function Row({
           </td>
         )}
         <td>
-          <strong>{epochOf(checkpoint.epoch)}</strong>{" "}
+          <strong data-testid="checkpoint-epoch">{epochOf(checkpoint.epoch)}</strong>{" "}
           {checkpoint.is_best && (
             <span className="badge good" title="The trainer's best checkpoint (lowest validation loss)">
               best

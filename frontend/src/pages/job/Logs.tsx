@@ -1,8 +1,8 @@
-// The last 500 lines of the job's log; while "Follow" is on and the job runs, the lines written
-// since, one request per batch of new lines: the API answers `?after=<offset>` once there are
-// new lines, or after WAIT_S seconds with none.
+// The last 500 lines of the job's log and, while "Follow" is on and the job runs, the lines
+// written since: one stream (GET /api/jobs/{id}/logs/stream, its events' ids the log's offsets,
+// opened again where it stopped after a dropped connection), not a request per batch of lines.
 import { useCallback, useEffect, useLayoutEffect, useRef, useState } from "react";
-import { authedFetch } from "../../api/client";
+import { followSse } from "../../api/follow";
 import { Empty, ErrorNote, Loading } from "../../components/states";
 
 const TAIL = 500;
@@ -22,21 +22,9 @@ export function tidyLog(text: string): string {
   return lines.join("\n");
 }
 
-const WAIT_S = 25;
-
 interface Tail {
   text: string;
-  offset: number; // where the lines shown end in the log (X-Log-Offset)
-  ended: boolean; // the job has ended: no more lines will come (X-Log-Ended)
-}
-
-async function readLog(jobId: string, query: string, signal: AbortSignal): Promise<Tail> {
-  const response = await authedFetch(`/api/jobs/${encodeURIComponent(jobId)}/logs?${query}`, { signal });
-  return {
-    text: await response.text(),
-    offset: Number(response.headers.get("X-Log-Offset") ?? 0),
-    ended: response.headers.get("X-Log-Ended") === "true",
-  };
+  ended: boolean; // the job has ended: no more lines will come
 }
 
 /** The last TAIL lines (tidied), then, while `follow`, what is written after them. */
@@ -49,22 +37,22 @@ function useLogTail(jobId: string, follow: boolean) {
   useEffect(() => {
     const controller = new AbortController();
     const { signal } = controller;
+    let text = "";
     setError(null);
-    (async () => {
-      try {
-        let { text, offset, ended } = await readLog(jobId, `tail=${TAIL}`, signal);
-        setTail({ text: tidyLog(text), offset, ended });
-        while (follow && !ended && !signal.aborted) {
-          const next = await readLog(jobId, `after=${offset}&wait=${WAIT_S}`, signal);
-          ({ offset, ended } = next);
-          if (!next.text) continue;
-          text = (text + next.text).split("\n").slice(-TAIL - 1).join("\n");
-          setTail({ text: tidyLog(text), offset, ended });
-        }
-      } catch (e) {
-        if (!signal.aborted) setError(e);
-      }
-    })();
+    followSse(`/api/jobs/${encodeURIComponent(jobId)}/logs/stream?tail=${TAIL}`, signal, {
+      onEvent: (message) => {
+        if (message.event !== "lines") return;
+        text = (text + (JSON.parse(message.data) as string)).split("\n").slice(-TAIL - 1).join("\n");
+        setTail({ text: tidyLog(text), ended: false });
+        return follow ? undefined : "stop"; // not following: the tail is all that was asked
+      },
+    }).then(
+      () => {
+        if (!signal.aborted && follow) setTail((shown) => ({ text: shown?.text ?? "", ended: true }));
+        controller.abort(); // a stream left open by "stop"
+      },
+      (e: unknown) => signal.aborted || setError(e),
+    );
     return () => controller.abort();
   }, [jobId, follow, attempt]);
   return { tail, error, retry };

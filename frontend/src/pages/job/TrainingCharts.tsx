@@ -83,9 +83,9 @@ export function TrainingCharts({
     <div className="grid2 charts">
       <ChartCard label="Training loss" isEmpty={loss.length === 0} empty={`No training metrics ${waiting}.`}>
         {bakeoff ? (
-          <CandidateLines candidates={candidates} data={loss} what="train/loss" />
+          <CandidateLines candidates={candidates} data={loss} what="loss" />
         ) : (
-          <StepLine data={series.loss} dataKey="loss" name="train/loss" color={colorAt(0)} />
+          <StepLine data={series.loss} dataKey="loss" name="training loss" color={colorAt(0)} />
         )}
       </ChartCard>
 
@@ -96,9 +96,9 @@ export function TrainingCharts({
         empty={`No acceptance estimate ${waiting}.`}
       >
         {bakeoff ? (
-          <CandidateLines candidates={candidates} data={eal} what="train/eal" />
+          <CandidateLines candidates={candidates} data={eal} what="acceptance (estimate)" />
         ) : (
-          <StepLine data={series.eal} dataKey="eal" name="train/eal (estimate)" color={colorAt(1)} />
+          <StepLine data={series.eal} dataKey="eal" name="acceptance length (estimate)" color={colorAt(1)} />
         )}
       </ChartCard>
 
@@ -144,8 +144,8 @@ export function TrainingCharts({
           <YAxis yAxisId="eal" orientation="right" tick={AXIS} width={40} domain={["auto", "auto"]} />
           <Tooltip formatter={tooltipNumber} labelFormatter={(epoch) => `epoch ${epoch}`} />
           <Legend wrapperStyle={{ fontSize: 12 }} verticalAlign="top" />
-          <Line yAxisId="loss" type="monotone" dataKey="loss" name="val/loss_epoch" stroke={colorAt(0)} dot={{ r: 3 }} isAnimationActive={false} connectNulls />
-          <Line yAxisId="eal" type="monotone" dataKey="eal" name="val/eal_epoch (estimate)" stroke={colorAt(1)} dot={{ r: 3 }} isAnimationActive={false} connectNulls />
+          <Line yAxisId="loss" type="monotone" dataKey="loss" name="validation loss" stroke={colorAt(0)} dot={{ r: 3 }} isAnimationActive={false} connectNulls />
+          <Line yAxisId="eal" type="monotone" dataKey="eal" name="acceptance length (estimate)" stroke={colorAt(1)} dot={{ r: 3 }} isAnimationActive={false} connectNulls />
         </LineChart>
       </ChartCard>
     </div>
