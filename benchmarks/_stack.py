@@ -332,6 +332,17 @@ def job_ended(client: Any, job_id: str) -> dict | None:
     return job if job["status"] in ("succeeded", "failed", "cancelled") else None
 
 
+def all_events(client: Any, job_id: str) -> list[dict[str, Any]]:
+    """Every event of the job, page after page."""
+    found: list[dict[str, Any]] = []
+    while True:
+        params = {"limit": 100} | ({"after": found[-1]["id"]} if found else {})
+        page = client.get(f"/api/jobs/{job_id}/events", params=params).json()
+        found += page["data"]
+        if not page["has_more"]:
+            return found
+
+
 def wait_until(fn: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

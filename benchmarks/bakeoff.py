@@ -44,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks._stack import (  # noqa: E402
+    all_events,
     exit_on_sigterm,
     finished_job,
     load,
@@ -62,15 +63,6 @@ def bakeoff_body(demo: dict[str, Any], epochs: int, prompts: int, rounds: int) -
     return {**demo, "name": "bake-off", "speculator": {**demo["speculator"], "epochs": epochs},
             "candidates": CANDIDATES, "evaluate": {"prompts": prompts, "rounds": rounds}}
 
-
-def all_events(client: Any, job_id: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    while True:
-        params = {"limit": 100} | ({"after": found[-1]["id"]} if found else {})
-        page = client.get(f"/api/jobs/{job_id}/events", params=params).json()
-        found += page["data"]
-        if not page["has_more"]:
-            return found
 
 
 def at(event: dict[str, Any]) -> float:

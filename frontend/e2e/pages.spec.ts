@@ -51,7 +51,9 @@ async function checkPage(watched: Watched, name: string, path: string): Promise<
       await page.goto(path);
       await expect(page.getByRole("heading", { level: 1 })).toBeVisible();
       await expect(page.locator(".state .spinner"), "the page finishes loading").toHaveCount(0);
-      await expect(page.locator(".state.error"), "no error state").toHaveCount(0);
+      // (A drafter's verdict is a finding, not the page failing: whether the flow's job is
+      // slower than no speculation is this machine's speed's to decide.)
+      await expect(page.locator(".state.error:not([data-testid=verdict])"), "no error state").toHaveCount(0);
       await page.screenshot({ path: screenshotPath(name, size.width, size.height), fullPage: true });
       if (size.width <= 390) {
         const width = await page.evaluate(() => document.scrollingElement!.scrollWidth);
