@@ -68,7 +68,7 @@ def first_chat(stack: NewUserStack, checkpoint_id: str) -> None:
                                                      "checkpoint_id": checkpoint_id})
     if deployed.status_code != 201:
         raise RuntimeError(f"the deployment was refused: {deployed.text}")
-    chat = openai.OpenAI(base_url=f"{client.base_url}v1", max_retries=0, timeout=120,
+    chat = openai.OpenAI(base_url=f"{str(client.base_url).rstrip('/')}/v1", max_retries=0, timeout=120,
                          api_key=client.headers["Authorization"].removeprefix("Bearer "))
 
     def answered() -> bool:

@@ -1,9 +1,13 @@
 """A worker SIGKILLed while it serves leaves its engine running (the engine lives in a session of
 its own). It is found and stopped, with the deployment's events saying so, by the reconciler of
-another worker once the lease runs out, and by the same worker when it starts again; the port
+another worker once the lease runs out, and by the same worker when it starts again if the
+engine no longer answers (one that answers, it adopts: tests/e2e/test_adoption.py); the port
 and the memory it held are free, and the deployment is served again."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import psutil
 import pytest
@@ -59,9 +63,12 @@ def test_a_killed_workers_engine_is_stopped_by_another_worker_and_by_its_restart
     wait_ready(pg_api, deployment_id)
     port, engine = engine_of(pg_stack, deployment_id)
 
-    # The same worker started again hands the deployment back at once and stops the engine its
+    # The same worker started again would adopt an engine that answers; this one does not (it
+    # is stopped with SIGSTOP), so it hands the deployment back at once and stops the engine its
     # earlier run left, without waiting for the lease to run out.
     pg_stack.workers[-1].kill()
+    for pid in engine:
+        os.kill(pid, signal.SIGSTOP)
     pg_stack.start_worker("engine-host-2")
     wait_for(lambda: gone(engine), 60, "the restarted worker to stop its earlier run's engine")
     assert not listeners(port) & set(engine)

@@ -144,7 +144,11 @@ def test_two_replicas_share_the_traffic_and_survive_a_killed_engine(
     verifier = (pg_stack.models_root / "demo").resolve()
     # The drain grace covers a request routed to an old engine just before the route cache saw
     # the switch: generous on a busy machine.
-    env = {**REAL_PIPELINE, **LIVE_ENV, "SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS": "5"}
+    # A lease that outlasts a worker's restart on a loaded machine (its imports alone can take
+    # 30 s): step 5 restarts one, and the other would otherwise take the lease as expired and
+    # stop the engine on this shared host before it could be adopted.
+    env = {**REAL_PIPELINE, **LIVE_ENV, "SPECDECK_PROMOTION_DRAIN_GRACE_SECONDS": "5",
+           "SPECDECK_LEASE_SECONDS": "120"}
     workers = {name: pg_stack.start_worker(name, **env) for name in ("replica-a", "replica-b")}
     trained = demo_checkpoint(pg_api, pg_stack, demo, demo_drafter)[0]["id"]
     untrained = write_untrained_drafter(verifier, pg_stack.models_root / "untrained",
