@@ -18,7 +18,6 @@ either: replicas on two workers are the answer there (docs/operations.md).
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import shutil
@@ -42,7 +41,6 @@ from workers.runner import JobContext
 from workers.runtimes.local.preload import preloader_socket
 from workers.supervisor import AdoptedProcess, Group, belongs_to
 
-log = logging.getLogger(__name__)
 READY_CHECK_SECONDS = 3.0  # how long an engine has to answer ready to be adopted
 
 
@@ -115,13 +113,13 @@ def take_over(ctx: JobContext, found: Found) -> Engine:
     """Make the adopted processes the deployment's, as if ``ctx`` had started them: the engine
     it watches and stops, the preloader its next engine is forked from, stopped at the end."""
     engine = AdoptedProcess(found.engine, "serving engine (adopted)")
-    preloader = None
-    if found.preloader is not None and found.socket is not None:
+    if found.preloader is None or found.socket is None:  # the vllm runtime: no preloader
+        ctx.adopt([found.engine], None)
+    else:
         preloader = AdoptedProcess(found.preloader, "preloader (adopted)")
         folder = os.path.dirname(found.socket)
         ctx.on_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
         ctx.on_cleanup(lambda: ctx.stop(preloader))
-    ctx.adopt([found.engine] + ([found.preloader] if preloader else []),
-              (preloader, found.socket) if preloader and found.socket else None)
+        ctx.adopt([found.engine, found.preloader], (preloader, found.socket))
     gpus = list(((ctx.spec.get("allocation") or {}).get("verifier")) or [])
     return Engine(engine, found.port, gpus)
