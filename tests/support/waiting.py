@@ -13,7 +13,7 @@ T = TypeVar("T")
 # condition that holds within a second is seen within a tick, and a wait of minutes (a
 # training, an engine's start) checks twice a second, not twenty times. A check is no free
 # read: most ask the in-process API, or scan every process's environment, on the 2 cores the
-# engines and trainers under test need (docs/ci.md, "Waiting costs CPU").
+# engines and trainers under test need (docs/testing.md, "Waiting costs CPU").
 MOST = 0.5
 
 

@@ -66,17 +66,18 @@ function sortJobs(jobs: Job[], sort: string): Job[] {
 }
 
 /** A column header that sorts the page: highest first, then lowest first, then as listed. */
-function SortHeader({ label, title, sortKey, sort, onSort }: {
+function SortHeader({ label, title, sortKey, sort, onSort, className = "num" }: {
   label: string;
   title: string;
   sortKey: SortKey;
   sort: string;
   onSort: (sort: string) => void;
+  className?: string;
 }) {
   const state = sort === sortKey ? "descending" : sort === `-${sortKey}` ? "ascending" : "none";
   const next = state === "none" ? sortKey : state === "descending" ? `-${sortKey}` : "";
   return (
-    <th className="num" aria-sort={state}>
+    <th className={className} aria-sort={state}>
       <button type="button" className="link sort" onClick={() => onSort(next)} title={`${title}: sort this page`}>
         <abbr title={title}>{label}</abbr>
         <span aria-hidden="true">{state === "descending" ? " ↓" : state === "ascending" ? " ↑" : " ↕"}</span>
@@ -109,17 +110,17 @@ function JobRow({ job, selected, onSelect }: { job: Job; selected: boolean; onSe
         {job.stage && <div className="job-stage">{job.stage}</div>}
         {progress && <div className="dim job-stage">{progress}</div>}
       </td>
-      <td className="num" data-testid="job-speedup" title="Served speedup: output tokens/s against the verifier alone">
-        {speedupText(job)}
-      </td>
-      <td className="num" title="Served acceptance length (tokens per verifier pass)">
-        {job.served_acceptance_length != null ? job.served_acceptance_length.toFixed(2) : "—"}
+      <td className="num" title="Served speedup: output tokens/s against the verifier alone">
+        <span data-testid="job-speedup">{speedupText(job)}</span>
         <Drafter job={job} />
         {job.verdict && (
           <div>
             <VerdictBadge verdict={job.verdict} />
           </div>
         )}
+      </td>
+      <td className="num hide-narrow" title="Served acceptance length (tokens per verifier pass)">
+        {job.served_acceptance_length != null ? job.served_acceptance_length.toFixed(2) : "—"}
       </td>
       <td className="hide-narrow">
         <RelTime at={job.created_at} />
@@ -248,7 +249,7 @@ export default function Jobs() {
                     <SortHeader label="Speedup" title="Served speedup" sortKey="speedup" sort={sort}
                       onSort={(v) => setFilter("sort", v)} />
                     <SortHeader label="Served AL" title="Served acceptance length" sortKey="al" sort={sort}
-                      onSort={(v) => setFilter("sort", v)} />
+                      onSort={(v) => setFilter("sort", v)} className="num hide-narrow" />
                     <th className="hide-narrow">Created</th>
                     <th className="hide-narrow">Duration</th>
                   </tr>
