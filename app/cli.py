@@ -111,7 +111,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from app.settings import get_settings
 
     runtime = args.runtime or host_runtime(detect_gpus(get_settings().worker_gpus))
-    return run(runtime, as_json=args.json)
+    return run(runtime, as_json=args.json, offline=args.offline)
 
 
 def cmd_keys_create(args: argparse.Namespace) -> None:
@@ -260,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: vllm when this host has GPUs (NVML, SPECDECK_WORKER_GPUS), "
                         "else local")
     doctor.add_argument("--json", action="store_true", help="the rows as JSON")
+    doctor.add_argument("--offline", action="store_true",
+                        help="skip the Hugging Face Hub's check (a worker's start-up runs this)")
     doctor.set_defaults(func=cmd_doctor)
 
     db = sub.add_parser("db", help="database migrations")

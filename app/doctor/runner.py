@@ -13,7 +13,9 @@ compose healthcheck of a worker runs the command."""
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
@@ -107,8 +109,8 @@ def render(runtime: str, rows: list[Check]) -> None:
     console.print(f"[{'bold red' if failed else 'green'}]{summary}[/]")
 
 
-def run(runtime: str, *, as_json: bool, providers: Iterable[str | Provider] = PROVIDERS) -> int:
-    rows = collect(runtime, providers)
+def run(runtime: str, *, as_json: bool, offline: bool = False) -> int:
+    rows = collect(runtime, STARTUP_PROVIDERS if offline else PROVIDERS)
     if as_json:
         from app.client.output import emit_json
 
@@ -119,10 +121,21 @@ def run(runtime: str, *, as_json: bool, providers: Iterable[str | Provider] = PR
 
 
 def warn_at_startup(runtime: str) -> None:
-    """A worker's start-up: the checks (less the Hub), one warning for what fails."""
-    failed = failures(collect(runtime, STARTUP_PROVIDERS))
+    """A worker's start-up: the checks (less the Hub), one warning for what fails. They run in
+    a process of their own (``specdeck doctor --offline --json``): they import vLLM and the
+    trainer, whose imports have no business in a worker that runs jobs on other threads
+    meanwhile."""
+    done = subprocess.run([sys.executable, "-m", "app.cli", "doctor", "--runtime", runtime,
+                           "--offline", "--json"], capture_output=True, text=True, check=False)
+    try:
+        checks = json.loads(done.stdout)["checks"]
+    except (ValueError, KeyError, TypeError):
+        log.warning("specdeck doctor could not run (exit code %s): %s", done.returncode,
+                    done.stderr.strip()[-2000:])
+        return
+    failed = [c for c in checks if c["status"] == "FAIL"]
     if failed:
         log.warning("specdeck doctor: this worker lacks what the %s runtime needs: %s", runtime,
-                    "; ".join(f"{r.group} {r.name}: {r.detail}" for r in failed))
+                    "; ".join(f"{c['group']} {c['name']}: {c['detail']}" for c in failed))
     else:
         log.info("specdeck doctor: this worker has what the %s runtime needs", runtime)

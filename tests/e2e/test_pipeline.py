@@ -14,6 +14,8 @@ import re
 import shutil
 import signal
 import statistics
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -249,8 +251,74 @@ def test_killed_hidden_states_server_fails_the_job_with_its_log_tail(pg_api: Api
     assert hidden_state_files(pg_stack, job["id"]) == []
 
 
-def trained_steps(api: Api, job_id: str) -> int:
-    return len(api.get(f"/api/jobs/{job_id}/metrics", params={"name": "train/loss"}).json()["data"])
+def trainer_processes(job_id: str) -> list[int]:
+    """The trainer's processes, the one the worker started first: the launcher the job's
+    preloader forks the trainer for (workers/runtimes/local/preload.py) or the trainer itself,
+    then every process that writes to its stdout (the forked trainer, its children)."""
+    def stdout(pid: int) -> str | None:
+        with contextlib.suppress(OSError):
+            return os.readlink(f"/proc/{pid}/fd/1")
+        return None
+
+    processes = job_processes(job_id)
+    [started] = [pid for pid in processes
+                 if b"workers.runtimes.local.train" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    pipe = stdout(started)
+    assert pipe is not None and pipe.startswith("pipe:"), pipe  # the worker reads it
+    return [started] + [pid for pid in processes if pid != started and stdout(pid) == pipe]
+
+
+def recorded(api: Api, job_id: str) -> tuple[list[dict], list[int]]:
+    """The trainer's steps and the epochs whose checkpoints are recorded, as the API has them."""
+    steps = api.get(f"/api/jobs/{job_id}/metrics", params={"name": "train/loss"}).json()["data"]
+    saved = [c["epoch"] for c in api.get(f"/api/jobs/{job_id}/checkpoints").json()["data"]]
+    return steps, saved
+
+
+def signalled(pid: int) -> bool:
+    """A stopped process holds SIGTERM pending, or is gone (SIGKILL)."""
+    try:
+        status = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines())
+    except FileNotFoundError:
+        return True
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return status["State"].strip().startswith(("Z", "X")) or bool(
+        pending & (1 << (signal.SIGTERM - 1)))
+
+
+@contextlib.contextmanager
+def frozen_mid_epoch(api: Api, job_id: str) -> Iterator[int]:
+    """The job's trainer stopped (SIGSTOP) after a few steps of an epoch whose checkpoint is not
+    saved yet, once the worker has recorded all it printed, so that a cancel lands mid-epoch
+    whatever the machine's load (an epoch of the small demo takes seconds, and a trainer stopped
+    just after an epoch's checkpoint has nothing new to save). Yields the process the worker
+    started (and signals); they are all continued (SIGCONT) on leaving."""
+    while True:
+        wait_for(lambda: len(recorded(api, job_id)[0]) >= 3, 400, "a few training steps")
+        processes = trainer_processes(job_id)
+        signal_all(processes, signal.SIGSTOP)
+        now = recorded(api, job_id)
+        while True:  # the worker records the lines the trainer printed before it stopped
+            time.sleep(1)
+            now, before = recorded(api, job_id), now
+            if now == before:
+                break
+        steps, saved = now
+        if max(step["epoch"] for step in steps) not in saved:
+            break
+        signal_all(processes, signal.SIGCONT)  # just after an epoch's checkpoint: a few steps more
+        wait_for(lambda: len(recorded(api, job_id)[0]) >= len(steps) + 3, 400, "more steps")
+    try:
+        yield processes[0]
+    finally:
+        signal_all(processes[::-1], signal.SIGCONT)
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def test_a_cancel_mid_epoch_keeps_a_partial_checkpoint_or_says_nothing_was_saved(
@@ -267,8 +335,9 @@ def test_a_cancel_mid_epoch_keeps_a_partial_checkpoint_or_says_nothing_was_saved
             worker = pg_stack.start_worker("hasty", **REAL_PIPELINE,
                                            SPECDECK_TRAINER_STOP_GRACE_SECONDS=grace)
         job = submit(pg_api, small_demo, epochs=3)
-        wait_for(lambda: trained_steps(pg_api, job["id"]) >= 3, 400, "a few training steps")
-        pg_api.post(f"/api/jobs/{job['id']}/cancel")
+        with frozen_mid_epoch(pg_api, job["id"]) as trainer:
+            pg_api.post(f"/api/jobs/{job['id']}/cancel")
+            wait_for(lambda: signalled(trainer), 60, "the worker to stop the trainer")
         done = pg_api.wait_status(job["id"], {"cancelled"}, timeout=120)
         assert done["status"] == "cancelled"
         assert done["candidates"][0]["status"] == "stopped"
@@ -280,7 +349,7 @@ def test_a_cancel_mid_epoch_keeps_a_partial_checkpoint_or_says_nothing_was_saved
 
     worker.stop()  # the deployment below is checked as accepted, not served
     (saved, messages), (lost, hasty) = outcomes
-    # (A short epoch may have ended before the cancel: its checkpoint is kept beside.)
+    # (An earlier epoch may have ended before the cancel: its checkpoint is kept beside.)
     checkpoints = pg_api.get(f"/api/jobs/{saved['id']}/checkpoints").json()["data"]
     [partial] = [c for c in checkpoints if c["partial"]]
     assert partial["path"].endswith("/interrupted"), partial

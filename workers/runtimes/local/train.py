@@ -26,7 +26,9 @@ The CPU patches:
 5. Resuming loads checkpoints onto ``get_current_device()``, which answers ``"cuda:0"``
    without an accelerator: it answers ``"cpu"`` in the checkpointer module.
 
-With or without an accelerator, a warm start (``--from-pretrained``) loads the checkpoint in
+With or without an accelerator, a stop (SIGTERM) that arrives while the trainer waits on the
+hidden-states server is not taken for a failed request (``stops_escape_retries``), and a warm
+start (``--from-pretrained``) loads the checkpoint in
 the dtype it was saved in (the trainer saves bfloat16), while this runtime feeds the draft
 float32 hidden states (``--hidden-states-dtype float32``) and a fresh draft is float32: the
 loaded draft is cast to the hidden states' dtype, as a fresh one would compute.
@@ -50,7 +52,7 @@ import workers.runtimes.layer_selection  # noqa: F401
 from workers.runtimes.cpu_time import cpu_seconds_line
 
 __all__ = ["TESTED_SPECULATORS_VERSION", "apply_cpu_patches", "cast_warm_start_to_hidden_states_dtype",
-           "main", "needs_cpu_patches"]
+           "main", "needs_cpu_patches", "stops_escape_retries"]
 
 TESTED_SPECULATORS_VERSION = "0.9.0"
 
@@ -154,11 +156,33 @@ def cast_warm_start_to_hidden_states_dtype() -> None:
     cli_module.build_draft_model = build_draft_model
 
 
+def stops_escape_retries() -> None:
+    """A trainer stopped while it waits on the hidden-states server saves its checkpoint.
+
+    speculators' signal handler (``graceful_shutdown``) raises ``TrainingInterruptedError``, an
+    ``Exception``, in the main thread, and its hidden-states client's retry loop
+    (``data_generation.vllm_client.with_retries``) catches every ``Exception``: it takes the stop
+    for a failed request and retries. The trainer then trains on, deaf to further signals (the
+    handler acts once), until the grace period ends in SIGKILL, and nothing is saved. Most of a
+    step waits on that request on the CPU. As a ``BaseException``, as ``KeyboardInterrupt`` is,
+    the stop passes every ``except Exception`` on its way up, and the trainer's own handler,
+    which names the class in its module when it runs, catches it and saves as it would."""
+    import speculators.train.graceful_shutdown as shutdown_module  # noqa: PLC0415
+
+    original = _require(shutdown_module, "TrainingInterruptedError")
+
+    class TrainingInterruptedError(BaseException):
+        __doc__ = original.__doc__
+
+    shutdown_module.TrainingInterruptedError = TrainingInterruptedError
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if needs_cpu_patches():
         apply_cpu_patches()
     cast_warm_start_to_hidden_states_dtype()
+    stops_escape_retries()
     from speculators.train.cli import main as train_main  # noqa: PLC0415
     from speculators.train.config import TrainConfig  # noqa: PLC0415
 
