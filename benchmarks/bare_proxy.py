@@ -7,11 +7,6 @@ the same machine.
 
     BARE_PROXY_UPSTREAM=http://127.0.0.1:PORT/v1/chat/completions BARE_PROXY_KEY=KEY \\
         .venv/bin/python -m uvicorn benchmarks.bare_proxy:app --loop uvloop --http httptools
-
-The app also names ``POST /v1/chat/completions`` as its direct route (``app.server``): served
-with ``--http app.server:HttpProtocol --no-proxy-headers`` (as `specdeck api` serves the
-gateway), the same forwarding is answered past ASGI's per-request machinery
-(benchmarks/proxy_floor.py's "bare-direct").
 """
 
 from __future__ import annotations
@@ -19,9 +14,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from starlette.responses import Response
-
-from app.server import DirectRoute
 from app.services.upstream import UpstreamClient
 
 URL = os.environ.get("BARE_PROXY_UPSTREAM", "")
@@ -69,11 +61,3 @@ async def forward(body: bytes) -> tuple[int, str, bytes]:
         response.close()
     return response.status, response.headers.get("content-type", ""), answer
 
-
-async def answer_directly(scope: dict[str, Any], receive: Any, body: bytes | None) -> Response:
-    status, content_type, answer = await forward(body if body is not None
-                                                 else await read_body(receive))
-    return Response(answer, status_code=status, media_type=content_type)
-
-
-app.direct_route = DirectRoute("/v1/chat/completions", answer_directly)  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from app.runtimes.vllm import CPU_THREADS_ENV  # imports no torch
 
 # OpenMP's threads wait passively in the test processes too, as the local runtime's processes
-# do (docs/benchmarks.md, "OpenMP waiting on a shared CPU"): pytest-xdist's workers train the
+# do (docs/benchmarks.md, "OpenMP on a shared CPU"): pytest-xdist's workers train the
 # demo verifier in process, beside other tests' engines and trainers. OpenMP reads it when torch
 # loads, so before anything imports torch; pytest-xdist's workers inherit it.
 for _name, _value in CPU_THREADS_ENV.items():
@@ -33,7 +33,7 @@ for _name, _value in CPU_THREADS_ENV.items():
 os.environ.setdefault("SPECDECK_LOCAL_KV_CACHE_BYTES", str(64 << 20))
 # One OpenMP thread for each of the local runtime's processes: the demo verifier's ops are too
 # small for a second thread to pay, and two tests' engines and trainers share the 2 cores
-# (docs/benchmarks.md, "OpenMP threads of the local runtime").
+# (docs/benchmarks.md, "OpenMP on a shared CPU").
 os.environ.setdefault("SPECDECK_LOCAL_THREADS", "1")
 
 from app.supervise import die_with_parent  # noqa: E402

@@ -243,8 +243,9 @@ class Pipeline:
     trip and a few microseconds of CPU, and ``send`` writes it at once, without a task or a
     future of its own (the reply goes to a callback). redis-py's client takes a connection from
     its pool, retries and wraps per call: one rate-limit call alone cost 121 us of CPU through it
-    against 42 with this pipeline's first version, and 54 against 9 with 32 at once
-    (``benchmarks/rate_limit.py``). hiredis parses and packs; redis-py reads the URL (host, port,
+    against 42 with this pipeline's first version, and 54 against 9 with 32 at once (measured
+    2026-12-05 by benchmarks/rate_limit.py, since removed: git log -- benchmarks/rate_limit.py).
+    hiredis parses and packs; redis-py reads the URL (host, port,
     db, username, password, TLS)."""
 
     def __init__(self, url: str) -> None:

@@ -2,8 +2,9 @@
 
 A job of the local runtime starts vLLM servers (hidden states, the evaluation's engines),
 speculators' prepare-data and the trainer, and each one's start is mostly its imports: vLLM's
-API server about 13 of 22 s on 2 cores (docs/ci.md, ``benchmarks/vllm_preload.py``), prepare-data
-and the trainer about 6 s each, nearly all of it torch and transformers, which vLLM imports too.
+API server about 13 of 22 s on 2 cores (docs/benchmarks.md, "vLLM forked from a preloader"),
+prepare-data and the trainer about 6 s each, nearly all of it torch and transformers, which vLLM
+imports too.
 Here those imports are paid once per job (and once per deployment, for its engines):
 
 - **preloader** (``python -m workers.runtimes.local.preload preloader SOCKET``): started by the
