@@ -72,14 +72,11 @@ def cmd_db(args: argparse.Namespace) -> None:
 def cmd_api(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from app.server import HttpProtocol
-
     _ensure_sqlite_dirs()
-    # proxy_headers: applied by the app itself, past its gateway's fast path (app.main).
-    # http: uvicorn's httptools protocol, telling the gateway when a client goes (app.server).
+    # uvicorn's proxy headers trust FORWARDED_ALLOW_IPS (default 127.0.0.1), read by uvicorn.
     uvicorn.run("app.main:create_server", factory=True, host=args.host, port=args.port,
                 log_level="info", access_log=not args.no_access_log, workers=args.workers,
-                proxy_headers=False, server_header=False, http=HttpProtocol)
+                server_header=False, http="httptools", loop="uvloop")
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

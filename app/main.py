@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-import os
+import logging
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -46,21 +46,29 @@ def create_app() -> FastAPI:
     return app
 
 
-def create_server() -> openai.GatewayFastPath:
-    """What `specdeck api` serves: the app, with the gateway's chat completions served ahead of
-    its middleware (``GatewayFastPath``; uvicorn runs it with ``proxy_headers=False``, and the
-    fast path applies uvicorn's proxy headers middleware to every other request itself).
+def create_server() -> FastAPI:
+    """What `specdeck api` serves: the app, the gateway's chat completions left out of uvicorn's
+    access log unless SPECDECK_GATEWAY_ACCESS_LOG (a line per completion cost as much as half of
+    what the gateway adds: docs/benchmarks.md, "The access log").
 
     What is alive once the app is made (modules, routes, schemas: some 150,000 objects, most of
     the heap) lives as long as the process, and is frozen: Python's full collections, which come
     every few thousand requests, no longer walk it. Each held the event loop about 70 ms
-    (docs/benchmarks.md, "Another machine, step by step, and full collections")."""
-    server = openai.GatewayFastPath(create_app(),
-                                    os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
-                                    access_log=get_settings().gateway_access_log)
+    (docs/benchmarks.md, "Why the gateway is built as it is")."""
+    app = create_app()
+    if not get_settings().gateway_access_log:
+        logging.getLogger("uvicorn.access").addFilter(not_a_completion)
     gc.collect()  # the garbage of the imports goes first: nothing frozen is ever freed
     gc.freeze()
-    return server
+    return app
+
+
+def not_a_completion(record: logging.LogRecord) -> bool:
+    """uvicorn's access log record (its arguments: client, method, path, HTTP version, status)
+    of anything but a chat completion."""
+    args = record.args
+    return not (isinstance(args, tuple) and len(args) >= 3 and args[1] == "POST"
+                and args[2] == openai.CHAT_COMPLETIONS)
 
 
 @cache

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import collections
 import time
-import weakref
-from typing import Any
 
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -14,57 +11,6 @@ from app.errors import APIError, error_response
 
 REQUESTS = Counter("specdeck_http_requests_total", "HTTP requests", ["method", "route", "status"])
 LATENCY = Histogram("specdeck_http_request_seconds", "HTTP request latency", ["method", "route"])
-
-
-class BatchedRequestMetrics:
-    """``REQUESTS`` and ``LATENCY`` of one route served thousands of times a second (the
-    gateway's): a request appends its latency and status to a queue, and the queue goes into
-    the metrics every ``BATCH`` requests and whenever /metrics is read (``flush_batched_metrics``),
-    so a scrape never misses one. Observed one by one, each request took 5-6 us of CPU on its
-    way (prometheus_client takes a lock per counter it adds to), against a fraction of a
-    microsecond for the append (docs/benchmarks.md, "Pinned to one CPU"). A deque: /metrics is
-    read in a thread while the event loop appends, and its append and popleft are atomic, so an
-    observation is never lost between them."""
-
-    BATCH = 256
-
-    def __init__(self, method: str, route: str) -> None:
-        self.method, self.route = method, route
-        self.latency = LATENCY.labels(method, route)
-        self.requests: dict[int, Any] = {}  # status -> its counter
-        self.pending: collections.deque[tuple[float, int]] = collections.deque()
-        _batched.add(self)
-
-    def observe(self, seconds: float, status: int) -> None:
-        self.pending.append((seconds, status))
-        if len(self.pending) >= self.BATCH:
-            self.flush()
-
-    def flush(self) -> None:
-        pending = self.pending
-        statuses: dict[int, int] = {}
-        for _ in range(len(pending)):  # what is there now; what comes meanwhile, next time
-            try:
-                seconds, status = pending.popleft()
-            except IndexError:  # a flush in another thread took the rest
-                break
-            self.latency.observe(seconds)
-            statuses[status] = statuses.get(status, 0) + 1
-        for status, count in statuses.items():
-            counter = self.requests.get(status)
-            if counter is None:
-                counter = self.requests[status] = REQUESTS.labels(self.method, self.route,
-                                                                  str(status))
-            counter.inc(count)
-
-
-_batched: weakref.WeakSet[BatchedRequestMetrics] = weakref.WeakSet()
-
-
-def flush_batched_metrics() -> None:
-    """Every ``BatchedRequestMetrics``' requests into the metrics (before they are read)."""
-    for metrics in list(_batched):
-        metrics.flush()
 
 
 class BodySizeLimit:
@@ -130,6 +76,9 @@ def too_large(limit: int) -> APIError:
 
 
 class PrometheusMetrics:
+    """Each request's latency (a stream's: until its end) and status, by route: 499 for one
+    whose client went away before it was answered, 500 for one the app failed."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -137,7 +86,7 @@ class PrometheusMetrics:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        status = 500
+        status = 0
 
         async def tracking_send(message: Message) -> None:
             nonlocal status
@@ -147,6 +96,10 @@ class PrometheusMetrics:
 
         try:
             await self.app(scope, receive, tracking_send)
+            status = status or 499  # returned without an answer: the client went away
+        except BaseException:
+            status = status or 500
+            raise
         finally:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")

@@ -1,6 +1,6 @@
 """The least a proxy on the gateway's stack can add: an ASGI app on uvicorn (httptools, uvloop)
-that sends each request's body to one upstream with the gateway's own upstream client
-(app/services/upstream.py) and answers with the upstream's body. No key, no rate limit, no JSON,
+that sends each request's body to one upstream with the gateway's upstream client
+(app/services/upstream.py, on aiohttp) and answers with the upstream's body. No key, no rate limit, no JSON,
 no routing, no usage, no metrics: benchmarks/gateway.py runs it as the target "bare-proxy", so
 that the gateway's added latency can be read against the floor of any proxy built this way on
 the same machine.
@@ -59,5 +59,5 @@ async def forward(body: bytes) -> tuple[int, str, bytes]:
         answer = await response.read()
     finally:
         response.close()
-    return response.status, response.headers.get("content-type", ""), answer
+    return response.status, response.header("content-type") or "", answer
 

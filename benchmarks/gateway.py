@@ -19,7 +19,12 @@ proxies are what is measured):
   latency is taken against direct-2r (a request that finds its upstream idle costs more on a
   small VM, with or without a proxy in between), and printed against direct too;
 * litellm: LiteLLM's proxy (``litellm --config``, a master key, the same upstream as an
-  ``openai/`` model), if it is installed (see below); skipped with a message otherwise.
+  ``openai/`` model), if it is installed (see below); skipped with a message otherwise;
+* vllm-router: vLLM's own router (``vllm-router``, a load balancer in Rust, compiled, which does
+  less work than the gateway: no keys, limits or usage), ``--worker-urls`` pointing at the
+  upstream, if it is installed (see below); skipped otherwise. The gateway's figures are read as
+  ratios to its own: added p50 and proxy CPU at most 3x, a whole stream's added p50 at most 2x
+  (issue 60's "must"; its aim is 1.5x).
 
 Latency: requests one at a time over one keep-alive connection per target, measured by a lean
 asyncio HTTP/1.1 client (so the client adds little noise): non-streaming (8 tokens), streaming
@@ -51,7 +56,13 @@ huggingface_hub that the project does not use): install it in a venv of its own,
     python3 -m venv var/litellm-venv && var/litellm-venv/bin/pip install 'litellm[proxy]'
 
 and the script finds ``var/litellm-venv/bin/litellm`` (or ``--litellm PATH``, or ``litellm`` on
-the PATH).
+the PATH). vLLM's router, likewise in a venv of its own (a wheel with its binary, 130 MB):
+
+    python3 -m venv var/vllm-router-venv && var/vllm-router-venv/bin/pip install vllm-router
+
+found as ``var/vllm-router-venv/bin/vllm-router`` (or ``--vllm-router PATH``, or on the PATH).
+``--json``'s object holds ``peers``: ``litellm`` (``added_p50_ms``) and ``vllm_router``
+(``added_p50_ms``, ``proxy_cpu_us``, ``stream_added_p50_ms``), each null when not installed.
 
     .venv/bin/python benchmarks/gateway.py [--quick] [--requests N] [--concurrency N] [--json]
 """
@@ -417,12 +428,22 @@ def add_deployment(database_url: str, key_project: str, name: str, upstream_port
     get_engine().dispose()
 
 
-def find_litellm(explicit: str | None) -> str | None:
-    for candidate in (explicit, str(ROOT / "var" / "litellm-venv" / "bin" / "litellm"),
-                      shutil.which("litellm")):
+def find_peer(explicit: str | None, program: str) -> str | None:
+    """A peer's executable: ``explicit``, else in var/<program>-venv, else on the PATH."""
+    for candidate in (explicit, str(ROOT / "var" / f"{program}-venv" / "bin" / program),
+                      shutil.which(program)):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def start_vllm_router(procs: Processes, executable: str, upstream: int) -> int:
+    port = free_port()
+    procs.start("vllm-router", [executable, "--host", HOST, "--port", str(port),
+                                "--worker-urls", f"http://{HOST}:{upstream}",
+                                "--policy", "round_robin", "--log-level", "warning"], base_env())
+    wait_http(procs, "vllm-router", f"http://{HOST}:{port}/health", 60)
+    return port
 
 
 def start_litellm(procs: Processes, executable: str, tmp: Path, upstreams: dict[str, int]) -> int:
@@ -637,6 +658,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, help="throughput rounds")
     parser.add_argument("--litellm", help="the litellm executable (default: var/litellm-venv)")
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--vllm-router",
+                        help="the vllm-router executable (default: var/vllm-router-venv)")
     parser.add_argument("--capture", action="store_true",
                         help="also measure the gateway with traffic capture on (sample rate 1.0): "
                         "a second deployment of the same upstream, a target of its own")
@@ -659,7 +682,11 @@ def main(argv: list[str] | None = None) -> None:
         pass
     load_before, loop_before = load(), loop_ms()
     started = time.monotonic()
-    litellm = None if args.no_litellm else find_litellm(args.litellm)
+    litellm = None if args.no_litellm else find_peer(args.litellm, "litellm")
+    router = find_peer(args.vllm_router, "vllm-router")
+    if router is None:
+        print("skipping vLLM's router: python3 -m venv var/vllm-router-venv && "
+              "var/vllm-router-venv/bin/pip install vllm-router", flush=True)
     skipped = None
     if litellm is None:
         skipped = ("disabled with --no-litellm" if args.no_litellm else
@@ -713,10 +740,14 @@ def main(argv: list[str] | None = None) -> None:
             litellm_port = start_litellm(procs, litellm, tmp, {MODEL: upstream, PACED: paced})
             litellm_pid = next(p.proc.pid for p in procs.children if p.name == "litellm")
             targets.append(Target("litellm", litellm_port, LITELLM_KEY, litellm_pid))
+        if router is not None:
+            router_port = start_vllm_router(procs, router, upstream)
+            router_pid = next(p.proc.pid for p in procs.children if p.name == "vllm-router")
+            targets.append(Target("vllm-router", router_port, UPSTREAM_KEY, router_pid))
         print(f"[{time.monotonic() - started:5.1f} s] processes ready", flush=True)
         # The paced upstream serves PACED; the direct target reaches it on its own port.
         paced_models = {"capture": PACED_CAPTURED, "specdeck-2r": PACED_REPLICATED}
-        unpaced_only = {"bare-proxy"}  # it forwards to the unpaced upstream only
+        unpaced_only = {"bare-proxy", "vllm-router"}  # they forward to the unpaced upstream only
         # Throughput is taken against the one direct upstream (direct-2r is a latency baseline).
         unpaced_targets = [t for t in targets if t.other_port is None]
         paced_targets = [Target(t.name, paced, t.key, pids["upstream-paced"]) if t.name == "direct"
@@ -739,13 +770,37 @@ def main(argv: list[str] | None = None) -> None:
     figures = {name: summary(latency, throughput, name)
                for name in ("specdeck", "specdeck-2p", "specdeck-2r")}
     targets_now(figures)
+    peers = {"litellm": ({"added_p50_ms": round(added_p50(latency, "litellm", KINDS[0]) * 1000, 4)}
+                         if "litellm" in latency else None),
+             "vllm_router": ({k: v for k, v in summary(latency, throughput, "vllm-router").items()
+                              if k in ("added_p50_ms", "proxy_cpu_us", "stream_added_p50_ms")}
+                             if "vllm-router" in latency else None)}
+    if peers["vllm_router"] is not None:
+        against_router(figures["specdeck"], peers["vllm_router"])
     print(f"\n(total {time.monotonic() - started:.0f} s)")
     if args.json:
         print(json.dumps({**figures["specdeck"], "two_api_processes": figures["specdeck-2p"],
                           "two_replicas": figures["specdeck-2r"],
                           "bare_proxy_added_p50_ms": round(
                               added_p50(latency, "bare-proxy", KINDS[0]) * 1000, 4),
-                          "machine": machine(), "command": command}))
+                          "peers": peers, "machine": machine(), "command": command}))
+
+
+# Issue 60: the gateway against vLLM's router in the same run, as ratios (must; aim 1.5x).
+AGAINST_ROUTER = (("added p50", "added_p50_ms", 3.0), ("proxy CPU a request", "proxy_cpu_us", 3.0),
+                  ("whole stream's added p50", "stream_added_p50_ms", 2.0))
+AIM = 1.5
+
+
+def against_router(specdeck: dict[str, float], router: dict[str, float]) -> None:
+    print("\nAgainst vLLM's router (vllm-router, the same run; issue 60: must, aim "
+          f"{AIM:.1f}x):")
+    for label, key, most in AGAINST_ROUTER:
+        ratio = specdeck[key] / router[key] if router[key] > 0 else math.inf
+        verdict = "met" if ratio <= most else "MISSED"
+        aim = "the aim met" if ratio <= AIM else "above the aim"
+        print(f"- {label}: {specdeck[key]:.3f} vs {router[key]:.3f} ({ratio:.2f}x; <= "
+              f"{most:.0f}x: {verdict}; {aim})")
 
 
 async def measure_all(

@@ -58,8 +58,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response, Security
-from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import bearer
 from app.errors import (
@@ -68,16 +67,13 @@ from app.errors import (
     ErrorResponse,
     echo,
     error_body,
-    error_response,
     error_responses,
-    internal_error,
 )
-from app.middleware import BatchedRequestMetrics, too_large
+from app.middleware import too_large
 from app.schemas.common import inline_schema
 from app.schemas.openai import ChatCompletionRequest, Model, ModelList
 from app.services.capture import EVENT_SPLIT, Sampled, event_json
 from app.services.limits import EARLY_REFUSED, Verdict
-from app.server import CONNECTION, DirectRoute, JSONBody
 from app.services.gateway import (
     Caller,
     ClientWatch,
@@ -108,17 +104,15 @@ _JSON = "application/json"
 
 # --- auth, limits, routing ---------------------------------------------------------------------
 
-async def authenticate(gateway: Gateway, header: str | None,
-                       connection: dict[str, Any] | None = None) -> Caller:
-    """The caller of an Authorization header (401 if none); ``connection``: see
-    ``Gateway.caller``."""
+async def authenticate(gateway: Gateway, header: str | None) -> Caller:
+    """The caller of an Authorization header (401 if none)."""
     if not header:
         raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",
                        code="missing_api_key", headers=_WWW_AUTH)
     scheme, _, token = header.partition(" ")
     token = token.strip()
     try:
-        caller = (await gateway.caller(token, connection) if token and scheme.lower() == "bearer"
+        caller = (await gateway.caller(token) if token and scheme.lower() == "bearer"
                   else None)
     except Exception:  # the database is unreachable and the key is not cached: logged by the cache
         raise unavailable(gateway) from None
@@ -509,77 +503,9 @@ _CHAT_BODY = {"requestBody": {"required": True, "content": {
 
 @router.post("/chat/completions", responses=_CHAT_RESPONSES, openapi_extra=_CHAT_BODY)
 async def chat_completions() -> Response:
-    """Declared for the OpenAPI document; ``GatewayFastPath`` serves this path in `specdeck api`.
-    Reached when the FastAPI app is served by itself (tests), with the same function."""
+    """The route reads its own request (``serve_chat_completion``): its body as it comes, and
+    the client's going away while the engine answers."""
     return Served(serve_chat_completion)
-
-
-class GatewayFastPath:
-    """The ASGI app that `specdeck api` serves (``app.main.create_server``).
-
-    ``POST /v1/chat/completions`` goes straight to ``answer_chat_completion``, ahead of every
-    layer an API request passes (uvicorn's proxy headers, Starlette's error middleware, the body
-    limit's and the metrics' wrappers of every message, FastAPI's router), which together cost
-    more CPU than the gateway's own work (docs/benchmarks.md, "A cheaper gateway"). What those
-    layers do for it is done here or there: the request's metrics (status 499 when the client
-    went away before an answer), the body limit and a 500 in the error shape
-    (``answer_chat_completion``). Everything else goes to ``app`` behind uvicorn's proxy headers
-    middleware, trusting FORWARDED_ALLOW_IPS as uvicorn itself does (default 127.0.0.1).
-
-    ``direct_route`` names the same route to `specdeck api`'s protocol, which answers it with
-    ``answer`` without ASGI's per-request machinery (``app.server.HttpProtocol``), and leaves it
-    out of the access log unless ``access_log`` (``SPECDECK_GATEWAY_ACCESS_LOG``)."""
-
-    def __init__(self, app: ASGIApp, forwarded_allow_ips: str = "127.0.0.1",
-                 access_log: bool = False) -> None:
-        self.app = app
-        self.rest = ProxyHeadersMiddleware(app, trusted_hosts=forwarded_allow_ips)
-        # The route above, for the metrics' label (what routing would have put in the scope).
-        self.route = next(r for r in router.routes if getattr(r, "path", "") == CHAT_COMPLETIONS)
-        self.metrics = BatchedRequestMetrics("POST", CHAT_COMPLETIONS)
-        self.direct_route = DirectRoute(CHAT_COMPLETIONS, self.answer, access_log)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path, root = scope["path"], scope.get("root_path", "")
-            if path == CHAT_COMPLETIONS or (root and path == root + CHAT_COMPLETIONS):
-                response = await self.answer(scope, receive)
-                if response is not None:
-                    await response(scope, receive, send)
-                return
-        await self.rest(scope, receive, send)
-
-    async def answer(self, scope: Scope, receive: Receive,
-                     body: bytes | None = None) -> ASGIApp | None:
-        """The answer to a chat completion request, its metrics observed: a response (a
-        stream's once it ends), or None when the client went away. ``body``: the request's,
-        if it has all arrived (else it is read with ``receive``)."""
-        scope["app"], scope["route"] = self.app, self.route
-        started = time.perf_counter()
-        try:
-            response = await answer_chat_completion(scope, receive, body)
-        except BaseException:
-            self.observe(started, 500)
-            raise
-        if response is None:
-            self.observe(started, 499)
-        elif isinstance(response, SSEProxy):  # its latency is the whole stream's
-            return functools.partial(self.stream, response, started)
-        else:
-            # Before the answer goes: on a small VM the client, woken by it, would wait for
-            # this (docs/benchmarks.md, "Work after a write").
-            self.observe(started, response.status_code)
-        return response
-
-    async def stream(self, response: SSEProxy, started: float, scope: Scope, receive: Receive,
-                     send: Send) -> None:
-        try:
-            await response(scope, receive, send)
-        finally:
-            self.observe(started, 200)
-
-    def observe(self, started: float, status: int) -> None:
-        self.metrics.observe(time.perf_counter() - started, status)
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
@@ -600,27 +526,14 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
 
 
 async def serve_chat_completion(scope: Scope, receive: Receive, send: Send) -> None:
-    """``POST /v1/chat/completions`` as a plain ASGI app (``answer_chat_completion``, sent)."""
-    response = await answer_chat_completion(scope, receive)
+    """``POST /v1/chat/completions`` as a plain ASGI app; what it raises goes to the app's error
+    handlers, as on every route. Nothing is sent when the client went away."""
+    response = await chat_completion(get_gateway(scope["app"]), scope, receive)
     if response is not None:
         await response(scope, receive, send)
 
 
-async def answer_chat_completion(scope: Scope, receive: Receive,
-                                 body: bytes | None = None) -> Response | None:
-    """The answer to ``POST /v1/chat/completions``, to be sent: every failure answers in the
-    error shape. None: the client went away, nothing is to be sent."""
-    gateway = get_gateway(scope["app"])
-    try:
-        return await chat_completion(gateway, scope, receive, body)
-    except APIError as exc:
-        return error_response(exc)
-    except Exception as exc:  # as the app's handler answers it on every other route
-        return internal_error(exc)
-
-
-async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive,
-                          raw: bytes | None = None) -> Response | None:
+async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive) -> Response | None:
     authorization = length = None
     for name, value in scope["headers"]:
         if name == b"authorization" and authorization is None:
@@ -630,8 +543,7 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive,
     limit = gateway.max_body_bytes
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(limit)  # before anything else, as for every route
-    caller = await authenticate(gateway, authorization,
-                                scope.get("extensions", {}).get(CONNECTION))
+    caller = await authenticate(gateway, authorization)
     # The rate limit's answer is asked for now; unless it may come while the request is on its
     # way upstream (``Verdict.early``), it is awaited here, before anything else.
     verdict = gateway.limiter.ask(caller.key_id) if gateway.limiter.enabled else None
@@ -639,12 +551,9 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive,
         await enforce(gateway, verdict)
         verdict = None
     try:
+        raw = await read_body(receive, limit)
         if raw is None:
-            raw = await read_body(receive, limit)
-            if raw is None:
-                return None
-        elif len(raw) > limit:
-            raise too_large(limit)
+            return None
         body = parse_body(raw)
         model, stream = check_request(body, gateway.max_tokens)
         route = await resolve(gateway, caller, model)
@@ -652,9 +561,9 @@ async def chat_completion(gateway: Gateway, scope: Scope, receive: Receive,
         messages = body.get("messages")
         limit_check = None if verdict is None else functools.partial(enforce, gateway, verdict)
         if not stream:
-            return await complete(gateway, caller, route, content, scope, receive, messages,
+            return await complete(gateway, caller, route, content, receive, messages,
                                   limit_check)
-        return await open_stream(gateway, caller, route, content, scope, receive, client_usage,
+        return await open_stream(gateway, caller, route, content, receive, client_usage,
                                  messages, limit_check)
     except Exception:
         await enforce(gateway, verdict)  # a refused request is told so first, whatever else
@@ -698,9 +607,9 @@ async def upstream_answer(gateway: Gateway, route: Route, content: bytes, stream
 
 
 async def complete(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                   scope: Scope, receive: Receive, messages: Any,
+                   receive: Receive, messages: Any,
                    limit_check: Check | None) -> Response | None:
-    watch = ClientWatch(scope, receive)
+    watch = ClientWatch(receive)
     try:
         upstream, body = await upstream_answer(gateway, route, content, False, limit_check)
     except asyncio.CancelledError:
@@ -725,14 +634,14 @@ async def complete(gateway: Gateway, caller: Caller, route: Route, content: byte
     if route.sample():
         gateway.capture.add_sampled(Sampled(route.capture_dataset_id, time.time(),  # type: ignore[arg-type]
                                             messages, body, False))
-    return JSONBody(body)
+    return Response(body, media_type=_JSON)
 
 
 async def open_stream(gateway: Gateway, caller: Caller, route: Route, content: bytes,
-                      scope: Scope, receive: Receive, client_usage: bool, messages: Any,
+                      receive: Receive, client_usage: bool, messages: Any,
                       limit_check: Check | None) -> Response | None:
     upstream: UpstreamResponse | None = None
-    watch = ClientWatch(scope, receive)
+    watch = ClientWatch(receive)
     try:
         upstream, first = await upstream_answer(gateway, route, content, True, limit_check)
         if upstream.status != 200:

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.errors import APIError, error_responses
-from app.middleware import flush_batched_metrics
 from app.services.reachability import ping_broker, ping_database
 
 router = APIRouter(tags=["service"])
@@ -34,5 +33,4 @@ async def readyz() -> dict[str, object]:
 
 @router.get("/metrics", include_in_schema=False)
 def metrics() -> Response:
-    flush_batched_metrics()
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

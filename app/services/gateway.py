@@ -15,8 +15,8 @@ may call, and what they used. Everything on the request path is in memory.
   waits on the database. ``CaptureRecorder``: the same (``BatchWriter``) for the requests
   sampled by deployments that capture traffic, in a bounded queue: when it is full, a request
   goes on uncaptured and is counted as dropped (``app.services.capture``).
-* ``UpstreamClient`` (``app.services.upstream``): pooled keep-alive connections to the
-  upstreams, a read timeout per streamed chunk, bytes passed through undecoded.
+* ``UpstreamClient`` (``app.services.upstream``, on aiohttp): pooled keep-alive connections to
+  the upstreams, a read timeout per streamed chunk, bytes passed through undecoded.
 * ``Balancer``: which replica of a deployment a request goes to (the fewest in flight from this
   process; one that failed to connect or broke is ejected for a few seconds).
 * ``Gateway``: the above, created and closed by the app's lifespan (``gateway_lifespan``).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -45,7 +46,6 @@ from sqlalchemy.orm import Session
 
 from app.db import read_scope, session_scope
 from app.db.models import ApiKey, Capture, Deployment, Usage, utcnow
-from app.server import CLIENT_GONE, CONNECTION
 from app.services import capture, limits
 from app.services.capture import Sampled
 from app.services.keys import hash_key
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 T = TypeVar("T")
-KEY_HASH = "key_hash"  # in a connection's state: (the last API key sent on it, its hash)
 
 # --- caches ------------------------------------------------------------------------------------
 
@@ -450,26 +449,19 @@ class CaptureRecorder(BatchWriter[Sampled]):
 
 
 class ClientWatch:
-    """Watches the client's connection once its request body has been read. When the client goes
-    away, it cancels the request's task wherever that waits on the upstream (for the answer or
-    the next chunk); the task then closes the upstream response, so the upstream sees the abort
-    at once, and ends quietly (``gone`` tells it why it was cancelled). Told by the server when
-    it serves with ``app.server.HttpProtocol`` (`specdeck api`), else by a task waiting on
-    ``receive()``."""
+    """Watches the client's connection once its request body has been read: a task waits on
+    ``receive()``, which the server answers ``http.disconnect`` when the client goes away. It
+    then cancels the request's task wherever that waits on the upstream (for the answer or the
+    next chunk); the task closes the upstream response, so the upstream sees the abort at once,
+    and ends quietly (``gone`` tells it why it was cancelled)."""
 
-    __slots__ = ("gone", "armed", "task", "watcher", "told_by")
+    __slots__ = ("gone", "armed", "task", "watcher")
 
-    def __init__(self, scope: Any, receive: Callable[[], Any]) -> None:
+    def __init__(self, receive: Callable[[], Any]) -> None:
         self.gone = False
         self.armed = True
         self.task = asyncio.current_task()
-        self.told_by: set[Callable[[], None]] | None = scope.get("extensions", {}).get(
-            CLIENT_GONE)
-        self.watcher: asyncio.Task[None] | None = None
-        if self.told_by is not None:
-            self.told_by.add(self._gone)
-        else:
-            self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Callable[[], Any]) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -483,10 +475,7 @@ class ClientWatch:
 
     def stop(self) -> None:
         self.armed = False
-        if self.told_by is not None:
-            self.told_by.discard(self._gone)
-        elif self.watcher is not None:
-            self.watcher.cancel()
+        self.watcher.cancel()
 
     def swallow(self) -> bool:
         """In an ``except CancelledError``: True (and the cancel undone) if it came from here."""
@@ -600,26 +589,23 @@ class Gateway:
         await self.client.aclose()
         await self.limiter.aclose()
 
-    async def caller(self, raw_key: str, connection: dict[str, Any] | None = None
-                     ) -> Caller | None:
-        """The key's caller; None if there is no such key (or it was revoked). ``connection``:
-        the client connection's state (``app.server.CONNECTION``), where the key's hash is kept
-        for the next request on it (hashing took 4-5 us of a request's CPU on its way:
-        docs/benchmarks.md, "Pinned to one CPU"). The caller is looked up each time."""
-        known = connection.get(KEY_HASH) if connection is not None else None
-        if known is not None and known[0] == raw_key:
-            key_hash = known[1]
-        else:
-            key_hash = hash_key(raw_key)
-            if connection is not None:
-                connection[KEY_HASH] = (raw_key, key_hash)
-        return await self.callers.get(key_hash)
+    async def caller(self, raw_key: str) -> Caller | None:
+        """The key's caller; None if there is no such key (or it was revoked). The caller is
+        looked up each time; the key's hash is remembered (``key_hash``)."""
+        return await self.callers.get(key_hash(raw_key))
 
     async def project_routes(self, project_id: str) -> ProjectRoutes:
         return await self.routes.get(project_id)
 
     def retry_after(self, seconds: float) -> str:
         return str(max(1, math.ceil(seconds)))
+
+
+@functools.lru_cache(maxsize=4096)
+def key_hash(raw_key: str) -> str:
+    """``hash_key``, remembered for the keys in use: hashing took 4-5 us of each request's CPU on
+    its way (docs/benchmarks.md, "Why the gateway is built as it is")."""
+    return hash_key(raw_key)
 
 
 def get_gateway(app: Any) -> Gateway:

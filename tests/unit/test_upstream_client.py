@@ -1,4 +1,4 @@
-"""The gateway's upstream client (app.services.upstream) against real sockets: a scripted HTTP
+"""The gateway's upstream client (app.services.upstream, on aiohttp) against real sockets: a scripted HTTP
 server on 127.0.0.1 (asyncio's), so every answer, pause and close is the test's to choose. The
 gateway's own tests (tests/integration/test_gateway*.py) drive it through uvicorn upstreams:
 timeouts, a stream dying mid-way, a client disconnect aborting the upstream, refused replicas."""
@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from app.services.upstream import (
-    PAUSE_AT,
     UpstreamBroken,
     UpstreamClient,
     UpstreamConnectError,
@@ -281,7 +280,8 @@ def test_requests_past_max_connections_wait_for_one() -> None:
 
 
 def test_reading_pauses_while_the_reader_falls_behind() -> None:
-    total = 16 * PAUSE_AT
+    total = 64 << 20
+    written = [0]
 
     async def scenario() -> None:
         async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -290,18 +290,17 @@ def test_reading_pauses_while_the_reader_falls_behind() -> None:
             for _ in range(total // 65536):
                 writer.write(b"x" * 65536)
                 await writer.drain()  # stalls while the client does not read
+                written[0] += 65536
 
         async with Server(handler) as server:
             upstream = client()
             response = await upstream.send(server.url, HEADERS, b"{}", {}, "r")
-            while response.buffered <= PAUSE_AT:  # nothing taken: reading pauses past this
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)  # unpaused, much more of the 4 MiB would arrive meanwhile
-            assert response.buffered < 4 * PAUSE_AT
+            await asyncio.sleep(0.5)  # unpaused, all 64 MiB would arrive meanwhile
+            assert written[0] < total // 4  # the sockets' buffers and the client's, no more
             received = 0
             while (chunk := await response.next_chunk()) is not None:
                 received += len(chunk)
-            assert received == total
+            assert received == total == written[0]
             response.close()
             await upstream.aclose()
 

@@ -582,8 +582,8 @@ export interface paths {
         put?: never;
         /**
          * Chat Completions
-         * @description Declared for the OpenAPI document; ``GatewayFastPath`` serves this path in `specdeck api`.
-         *     Reached when the FastAPI app is served by itself (tests), with the same function.
+         * @description The route reads its own request (``serve_chat_completion``): its body as it comes, and
+         *     the client's going away while the engine answers.
          */
         post: operations["chat_completions_v1_chat_completions_post"];
         delete?: never;
