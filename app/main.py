@@ -34,7 +34,7 @@ def create_app() -> FastAPI:
     app = FastAPIOffline(title="SpecDeck", version="0.1.0",
                          description="Train and serve DFlash speculative-decoding drafters.",
                          static_url=DOCS_ASSETS, swagger_ui_parameters={"validatorUrl": None},
-                         redoc_url=None, routes=list(api_routes()),
+                         redoc_url=None, routes=[openai.CHAT_ROUTE, *api_routes()],
                          lifespan=openai.gateway_lifespan)
     app.get("/redoc", include_in_schema=False)(redoc)
     install_error_handlers(app)

@@ -58,6 +58,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response, Security
+from starlette import routing
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import bearer
@@ -503,9 +504,25 @@ _CHAT_BODY = {"requestBody": {"required": True, "content": {
 
 @router.post("/chat/completions", responses=_CHAT_RESPONSES, openapi_extra=_CHAT_BODY)
 async def chat_completions() -> Response:
-    """The route reads its own request (``serve_chat_completion``): its body as it comes, and
-    the client's going away while the engine answers."""
+    """A chat completion from the deployment named by ``model``, as OpenAI's API answers it
+    (server-sent events with ``"stream": true``)."""
+    # Declared here for the OpenAPI document; CHAT_ROUTE, ahead of it, serves the path.
     return Served(serve_chat_completion)
+
+
+class ChatCompletions:
+    """``POST /v1/chat/completions`` as a plain ASGI app (``serve_chat_completion``), routed by
+    Starlette ahead of every API route, inside the app's middleware and error handlers: FastAPI's
+    request handling (its request object, dependencies, response wrapping) was a sixth of the
+    gateway's CPU a request and does nothing here, where the route reads its own body as it
+    comes and watches its client (docs/benchmarks.md, "Gateway overhead")."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await serve_chat_completion(scope, receive, send)
+
+
+CHAT_ROUTE = routing.Route(CHAT_COMPLETIONS, ChatCompletions(), methods=["POST"],
+                           include_in_schema=False)
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:

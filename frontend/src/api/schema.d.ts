@@ -582,8 +582,8 @@ export interface paths {
         put?: never;
         /**
          * Chat Completions
-         * @description The route reads its own request (``serve_chat_completion``): its body as it comes, and
-         *     the client's going away while the engine answers.
+         * @description A chat completion from the deployment named by ``model``, as OpenAI's API answers it
+         *     (server-sent events with ``"stream": true``).
          */
         post: operations["chat_completions_v1_chat_completions_post"];
         delete?: never;
