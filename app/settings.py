@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     # OpenMP threads of each of the local runtime's processes (vLLM's engines, prepare-data, a
     # one-process trainer): unset, torch's default (every core) and 2 for the trainer. One suits
     # tiny models, where a second thread costs more than it gives, and a host whose cores several
-    # engines and jobs share (docs/benchmarks.md, "OpenMP threads of the local runtime").
+    # engines and jobs share (docs/benchmarks.md, "OpenMP on a shared CPU").
     local_threads: int | None = Field(default=None, gt=0)
     # The Hugging Face Hub endpoint for publishing and model lookups (unset: huggingface_hub's
     # default, or HF_ENDPOINT).

@@ -75,7 +75,7 @@ def read_scope() -> Iterator[Connection]:
     cache loads, which run in the background while a key or project has traffic, take 20-30%
     less time and 10-25% less CPU so. pysqlite opens no transaction for a SELECT anyway, and
     switching a SQLite connection to autocommit and back costs more than it saves
-    (docs/benchmarks.md, "Six more full runs")."""
+    (docs/benchmarks.md, "Why the gateway is built as it is")."""
     with get_engine().connect() as connection:
         if connection.dialect.name != "sqlite":
             connection.execution_options(isolation_level="AUTOCOMMIT")  # reset when pooled

@@ -45,7 +45,7 @@ CPU_FLAGS = ["--enforce-eager", "--no-enable-prefix-caching", "--dtype", "float3
 # OMP_WAIT_POLICY=PASSIVE: the local runtime's processes share the host's cores (a deployment's
 # engine beside a retrain's trainer, two jobs), and OpenMP threads that spin while they wait
 # starve the others: two trainings at once took 3.6x as long each, and as long as one alone
-# with passive waiting (docs/benchmarks.md, "OpenMP waiting on a shared CPU").
+# with passive waiting (docs/benchmarks.md, "OpenMP on a shared CPU").
 CPU_THREADS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs its one CPU worker in its own process
 # instead of starting a third Python (on 2 cores the server is healthy in about 16 s, not 21;

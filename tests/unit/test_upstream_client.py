@@ -1,7 +1,8 @@
-"""The gateway's upstream client (app.services.upstream, on aiohttp) against real sockets: a scripted HTTP
-server on 127.0.0.1 (asyncio's), so every answer, pause and close is the test's to choose. The
-gateway's own tests (tests/integration/test_gateway*.py) drive it through uvicorn upstreams:
-timeouts, a stream dying mid-way, a client disconnect aborting the upstream, refused replicas."""
+"""The gateway's upstream client (app.services.upstream, on aiohttp) against real sockets: a
+scripted HTTP server on 127.0.0.1 (asyncio's), so every answer, pause and close is the test's to
+choose. The gateway's own tests (tests/integration/test_gateway*.py) drive it through uvicorn
+upstreams: timeouts, a stream dying mid-way, a client disconnect aborting the upstream, refused
+replicas."""
 
 from __future__ import annotations
 

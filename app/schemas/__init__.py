@@ -1,0 +1,1 @@
+"""The API's request and response models, and the typed job spec."""
