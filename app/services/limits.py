@@ -21,20 +21,18 @@ auth cache's TTL still bounds how long a revoked key is accepted.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-import hiredis
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.connection import SSLConnection, parse_url
+from redis.backoff import NoBackoff
+from redis.asyncio.retry import Retry
 from prometheus_client import Counter
 
 from app.settings import Settings
@@ -160,170 +158,42 @@ class LocalRateLimiter:
 Reply = Callable[[Any], None]  # called with a command's reply, or the exception it failed with
 
 
-class _Resp(asyncio.Protocol):
-    """One connection to Redis: commands written in batches, one batch on the wire at a time
-    (what arrives meanwhile goes as the next, in one write), replies parsed by hiredis and
-    handed to each command's callback in order, as Redis answers them. A batch unanswered for
-    ``TIMEOUT`` (checked every half of it) fails, with everything behind it."""
-
-    def __init__(self) -> None:
-        self.reader = hiredis.Reader(replyError=redis.ResponseError)
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.sent: collections.deque[Reply] = collections.deque()
-        self.sent_at = 0.0  # when the batch on the wire was written
-        self.queued: list[tuple[bytes, Reply]] = []
-        self.closed = False
-        self.watchdog: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.watchdog = self.loop.call_later(TIMEOUT / 2, self._check)
-
-    def _check(self) -> None:
-        if self.sent and self.loop.time() - self.sent_at > TIMEOUT:
-            self.abort(redis.TimeoutError("Redis answered too slowly"))
-        elif not self.closed:
-            self.watchdog = self.loop.call_later(TIMEOUT / 2, self._check)
-
-    def send(self, packed: bytes, reply: Reply) -> None:
-        if self.closed:
-            reply(redis.ConnectionError("the connection to Redis is closed"))
-        elif self.sent:
-            self.queued.append((packed, reply))
-        else:
-            self._write([(packed, reply)])
-
-    def _write(self, batch: list[tuple[bytes, Reply]]) -> None:
-        self.sent.extend(reply for _, reply in batch)
-        self.sent_at = self.loop.time()
-        assert self.transport is not None
-        self.transport.write(batch[0][0] if len(batch) == 1 else
-                             b"".join(packed for packed, _ in batch))
-
-    def data_received(self, data: bytes) -> None:
-        self.reader.feed(data)
-        sent = self.sent
-        try:
-            while (answer := self.reader.gets()) is not False:
-                sent.popleft()(answer)
-        except (hiredis.ProtocolError, IndexError) as exc:  # not in step with the commands
-            self.abort(redis.ConnectionError(f"Redis's reply could not be read: {exc}"))
-            return
-        if not sent and self.queued:
-            batch, self.queued = self.queued, []
-            self._write(batch)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.abort(redis.ConnectionError("Redis closed the connection"))
-
-    def abort(self, error: Exception) -> None:
-        self.closed = True
-        if self.watchdog is not None:
-            self.watchdog.cancel()
-        if self.transport is not None:
-            self.transport.abort()
-        waiting = [*self.sent, *(reply for _, reply in self.queued)]
-        self.sent.clear()
-        self.queued = []
-        for reply in waiting:
-            reply(error)
-
-
-def _settle(future: asyncio.Future[Any], answer: Any) -> None:
-    if not future.done():  # its caller gave up waiting
-        if isinstance(answer, Exception):
-            future.set_exception(answer)
-        else:
-            future.set_result(answer)
-
-
 class Pipeline:
-    """Commands of concurrent callers on one Redis connection (``_Resp``): each costs one round
-    trip and a few microseconds of CPU, and ``send`` writes it at once, without a task or a
-    future of its own (the reply goes to a callback). redis-py's client takes a connection from
-    its pool, retries and wraps per call: one rate-limit call alone cost 121 us of CPU through it
-    against 42 with this pipeline's first version, and 54 against 9 with 32 at once (measured
-    2026-12-05 by benchmarks/rate_limit.py, since removed: git log -- benchmarks/rate_limit.py).
-    hiredis parses and packs; redis-py reads the URL (host, port,
-    db, username, password, TLS)."""
+    """Redis commands of concurrent callers on redis-py's asyncio client (a pool of up to
+    ``CONNECTIONS``, hiredis parsing the replies): ``send`` hands a command's reply (or the error it failed with)
+    to a callback, so the rate limit asks without waiting on each answer itself. A command
+    unanswered within ``TIMEOUT`` fails, without retries: the limit fails open instead."""
+
+    CONNECTIONS = 16  # at most; a command waits up to TIMEOUT for one of them
 
     def __init__(self, url: str) -> None:
-        options = parse_url(url)
-        self.host, self.port = options.get("host", "localhost"), options.get("port", 6379)
-        self.tls = options.get("connection_class") is SSLConnection
-        self.handshake = [command for command in (
-            ("AUTH", *filter(None, (options.get("username"), options["password"])))
-            if options.get("password") else None,
-            ("SELECT", options["db"]) if options.get("db") else None) if command]
-        self.connection: _Resp | None = None
-        self.connecting: asyncio.Task[None] | None = None
-        self.waiting: list[tuple[bytes, Reply]] = []  # sent once connected
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=self.CONNECTIONS, timeout=TIMEOUT, socket_timeout=TIMEOUT,
+            socket_connect_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0))
+        self.client = aioredis.Redis.from_pool(pool)  # closed with it
 
     def send(self, reply: Reply, *command: Any) -> None:
-        """Send ``command`` now (or once connected); ``reply`` gets its reply, an error reply's
-        ``ResponseError``, or the ``redis.RedisError`` or ``OSError`` that means Redis could not
-        be reached or was too slow. Called on the event loop, never twice for one command."""
-        packed = hiredis.pack_command(command)
-        connection = self.connection
-        if connection is not None and not connection.closed:
-            connection.send(packed, reply)
-            return
-        self.waiting.append((packed, reply))
-        if self.connecting is None:
-            self.connecting = asyncio.get_running_loop().create_task(self._connect())
+        """Send ``command`` now; ``reply`` gets its reply, an error reply's ``ResponseError``,
+        or the ``redis.RedisError`` or ``OSError`` that means Redis could not be reached or was
+        too slow. Called on the event loop."""
+        def answered(done: asyncio.Future[Any]) -> None:
+            if done.cancelled():
+                reply(redis.ConnectionError("the pipeline was closed"))
+            elif (error := done.exception()) is not None:
+                reply(error if isinstance(error, (redis.RedisError, OSError)) else
+                      redis.ConnectionError(f"Redis could not be asked: {error!r}"))
+            else:
+                reply(done.result())
+
+        asyncio.ensure_future(self.client.execute_command(*command)).add_done_callback(answered)
 
     async def execute(self, *command: Any) -> Any:
         """The command's reply (an error reply raises its ``ResponseError``); raises
         ``redis.RedisError`` or ``OSError`` when Redis cannot be reached or is too slow."""
-        future = asyncio.get_running_loop().create_future()
-        self.send(functools.partial(_settle, future), *command)
-        result = await future
-        if isinstance(result, redis.ResponseError):
-            raise (redis.exceptions.NoScriptError(*result.args)
-                   if str(result).startswith("NOSCRIPT") else result)
-        return result
-
-    async def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
-        connection: _Resp | None = None
-        try:
-            async with asyncio.timeout(TIMEOUT):
-                _, connection = await loop.create_connection(
-                    _Resp, self.host, self.port, ssl=self.tls or None)
-                for command in self.handshake:
-                    answered = loop.create_future()
-                    connection.send(hiredis.pack_command(command),
-                                    functools.partial(_settle, answered))
-                    if isinstance(answer := await answered, redis.ResponseError):
-                        raise answer
-        except BaseException as exc:
-            error = exc
-            if isinstance(exc, TimeoutError):
-                error = redis.TimeoutError("no connection to Redis within the timeout")
-            elif not isinstance(exc, (redis.RedisError, OSError)):
-                error = redis.ConnectionError(f"no connection to Redis: {exc!r}")
-            if connection is not None:
-                connection.abort(error)
-            waiting, self.waiting, self.connecting = self.waiting, [], None
-            for _, reply in waiting:
-                reply(error)
-            if not isinstance(exc, Exception):
-                raise  # cancelled
-            return
-        self.connection, self.connecting = connection, None
-        waiting, self.waiting = self.waiting, []
-        for packed, reply in waiting:
-            connection.send(packed, reply)
+        return await self.client.execute_command(*command)
 
     async def close(self) -> None:
-        if self.connecting is not None:
-            self.connecting.cancel()
-            with contextlib.suppress(BaseException):
-                await self.connecting
-        connection, self.connection = self.connection, None
-        if connection is not None:
-            connection.abort(redis.ConnectionError("the pipeline was closed"))
+        await self.client.aclose()
 
 
 class RedisRateLimiter:
@@ -396,8 +266,8 @@ class RedisRateLimiter:
 
     def _answered(self, key_id: str, verdict: Verdict, wanted: int, reply: Any,
                   loaded: bool = False) -> None:
-        if isinstance(reply, redis.ResponseError) and not loaded and \
-                str(reply).startswith("NOSCRIPT"):  # Redis restarted, or SCRIPT FLUSH
+        if isinstance(reply, redis.exceptions.NoScriptError) and not loaded:
+            # Redis restarted, or SCRIPT FLUSH: the script whole, once
             self._send(key_id, wanted, functools.partial(
                 self._answered, key_id, verdict, wanted, loaded=True), script=True)
             return
