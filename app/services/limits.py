@@ -171,6 +171,7 @@ class Pipeline:
             url, max_connections=self.CONNECTIONS, timeout=TIMEOUT, socket_timeout=TIMEOUT,
             socket_connect_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0))
         self.client = aioredis.Redis.from_pool(pool)  # closed with it
+        self.sent: set[asyncio.Future[Any]] = set()  # commands on their way
 
     def send(self, reply: Reply, *command: Any) -> None:
         """Send ``command`` now; ``reply`` gets its reply, an error reply's ``ResponseError``,
@@ -185,7 +186,10 @@ class Pipeline:
             else:
                 reply(done.result())
 
-        asyncio.ensure_future(self.client.execute_command(*command)).add_done_callback(answered)
+        sent = asyncio.ensure_future(self.client.execute_command(*command))
+        self.sent.add(sent)
+        sent.add_done_callback(self.sent.discard)
+        sent.add_done_callback(answered)
 
     async def execute(self, *command: Any) -> Any:
         """The command's reply (an error reply raises its ``ResponseError``); raises
@@ -193,6 +197,9 @@ class Pipeline:
         return await self.client.execute_command(*command)
 
     async def close(self) -> None:
+        """Once the commands sent have been answered (at most ``TIMEOUT`` more)."""
+        if self.sent:
+            await asyncio.wait(set(self.sent), timeout=TIMEOUT)
         await self.client.aclose()
 
 
@@ -335,11 +342,9 @@ class RedisRateLimiter:
         return None if verdict is None else await verdict.wait()
 
     async def aclose(self) -> None:
-        """Gives back the tokens held (waiting at most ``TIMEOUT``), then closes."""
-        if self.give_back():
-            with contextlib.suppress(redis.RedisError, OSError, TimeoutError):
-                async with asyncio.timeout(TIMEOUT):
-                    await self.redis.execute("PING")  # after the give-backs, in order
+        """Gives back the tokens held, then closes once Redis has answered (at most
+        ``TIMEOUT``)."""
+        self.give_back()
         await self.redis.close()
 
 

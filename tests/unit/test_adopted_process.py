@@ -15,13 +15,20 @@ from workers.supervisor import EXIT_UNKNOWN, AdoptedProcess, Group, ManagedProce
 SLEEPER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(60)"]
 
 
+def serving(log: Path) -> ManagedProcess:
+    """The sleeper, once it has said it serves: until then the kernel may still be setting up
+    the new program (Popen returns once exec has begun), and /proc shows no environment yet."""
+    proc = ManagedProcess(SLEEPER, env={}, log_path=log, job_id="dep_x", outlives_worker=True)
+    deadline = time.monotonic() + 10
+    while "serving" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
 def test_a_process_that_outlives_its_worker_writes_its_own_log(tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
-    proc = ManagedProcess(SLEEPER, env={}, log_path=log, job_id="dep_x", outlives_worker=True)
+    proc = serving(log)
     try:
-        deadline = time.monotonic() + 10
-        while "serving" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert log.read_text() == "serving\n"
         assert proc.proc.stdout is None  # nothing the worker must keep reading
     finally:
@@ -29,8 +36,7 @@ def test_a_process_that_outlives_its_worker_writes_its_own_log(tmp_path: Path) -
 
 
 def test_an_adopted_group_is_watched_and_stopped(tmp_path: Path) -> None:
-    proc = ManagedProcess(SLEEPER, env={}, log_path=tmp_path / "log", job_id="dep_x",
-                          outlives_worker=True)
+    proc = serving(tmp_path / "log")
     group = Group.of(proc.pgid)
     assert group.leads()
     adopted = AdoptedProcess(group, "serving engine (adopted)")
@@ -43,8 +49,7 @@ def test_an_adopted_group_is_watched_and_stopped(tmp_path: Path) -> None:
 
 
 def test_a_recorded_group_whose_leader_changed_is_not_the_engine(tmp_path: Path) -> None:
-    proc = ManagedProcess(SLEEPER, env={}, log_path=tmp_path / "log", job_id="dep_x",
-                          outlives_worker=True)
+    proc = serving(tmp_path / "log")
     try:
         group = Group.of(proc.pgid)
         later = Group(group.pgid, (group.started or 0) + 1, group.boot)  # a reused pid

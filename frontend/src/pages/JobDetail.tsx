@@ -1,5 +1,6 @@
-// /jobs/:jobId: one job, live. The job is asked for every 2 s while it runs and again on each
-// new event of its stream; its metrics every 3 s; everything once more when it ends.
+// /jobs/:jobId: one job, live. The job is asked for every 10 s while it runs, at once on a status
+// change and shortly after a candidate's next epoch starts; its metrics every 10 s; everything
+// once more when it ends.
 import { useEffect, useMemo, useRef } from "react";
 import { Link, useParams } from "react-router-dom";
 import { useQuery, useQueryClient } from "@tanstack/react-query";
@@ -24,6 +25,14 @@ type MetricPage = Schemas["Page_MetricOut_"];
 // A live job page asks for the job, its new metrics and (after events) its checkpoints this
 // often: with its two streams (events, log), under 20 requests a minute.
 const LIVE_POLL_MS = 10_000;
+// A candidate's next epoch shows its progress (steps of all, the time left) once its first steps
+// are recorded: the job is read this long after the event, since a short epoch could otherwise
+// pass unseen between two reads.
+const EPOCH_SETTLE_MS = 2_000;
+
+function isNextEpoch(event: { kind: string; data?: Record<string, unknown> | null }): boolean {
+  return event.kind === "epoch" && event.data?.status === "started" && Number(event.data?.epoch) >= 1;
+}
 
 function JobPage({ job }: { job: Job }) {
   const queryClient = useQueryClient();
@@ -48,6 +57,19 @@ function JobPage({ job }: { job: Job }) {
   useEffect(() => {
     if (newest?.kind === "status") queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
   }, [newest, job.id, queryClient]);
+  const scanned = useRef(0);
+  const settle = useRef<number | undefined>(undefined);
+  useEffect(() => () => window.clearTimeout(settle.current), []);
+  useEffect(() => {
+    const fresh = events.slice(scanned.current);
+    scanned.current = events.length;
+    if (!running || !fresh.some(isNextEpoch)) return;
+    window.clearTimeout(settle.current);
+    settle.current = window.setTimeout(
+      () => queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true }),
+      EPOCH_SETTLE_MS,
+    );
+  }, [events, running, job.id, queryClient]);
 
   // When it ends while shown: everything once more (the last metrics, log lines, evaluation).
   const wasRunning = useRef(running);
