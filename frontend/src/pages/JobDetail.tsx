@@ -1,7 +1,7 @@
 // /jobs/:jobId: one job, live. The job is asked for every 10 s while it runs, at once on a status
 // change and shortly after a candidate's next epoch starts; its metrics every 10 s; everything
 // once more when it ends.
-import { useEffect, useMemo, useRef } from "react";
+import { useCallback, useEffect, useMemo, useRef } from "react";
 import { Link, useParams } from "react-router-dom";
 import { useQuery, useQueryClient } from "@tanstack/react-query";
 import { api, must, type Schemas } from "../api/client";
@@ -39,24 +39,32 @@ function JobPage({ job }: { job: Job }) {
   const running = !isTerminal(job.status);
   const { events, connection, error } = useJobEvents(job.id);
 
-  // While it runs the job is read again every LIVE_POLL_MS (its training's progress moves
-  // without events), its checkpoints too when events came since; a status change at once.
+  // While it runs the job is read again once LIVE_POLL_MS have passed since it was last read
+  // (its training's progress moves without events), its checkpoints too when events came since;
+  // at once on a status change, and shortly after a candidate's next epoch starts. A read for an
+  // event puts the next poll off: the page asks about as often however many events come.
   const newest = events.length ? events[events.length - 1] : null;
   const newestId = useRef<number | null>(null);
   newestId.current = newest?.id ?? null;
+  const lastRead = useRef(Date.now());
+  const readJob = useCallback(() => {
+    lastRead.current = Date.now();
+    queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
+  }, [job.id, queryClient]);
   useEffect(() => {
     if (!running) return;
     let seen = newestId.current;
     const timer = setInterval(() => {
-      queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
+      if (Date.now() - lastRead.current < LIVE_POLL_MS) return;
+      readJob();
       if (newestId.current !== seen) queryClient.invalidateQueries({ queryKey: keys.checkpoints(job.id) });
       seen = newestId.current;
-    }, LIVE_POLL_MS);
+    }, 1_000);
     return () => clearInterval(timer);
-  }, [running, job.id, queryClient]);
+  }, [running, job.id, queryClient, readJob]);
   useEffect(() => {
-    if (newest?.kind === "status") queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true });
-  }, [newest, job.id, queryClient]);
+    if (newest?.kind === "status") readJob();
+  }, [newest, readJob]);
   const scanned = useRef(0);
   const settle = useRef<number | undefined>(undefined);
   useEffect(() => () => window.clearTimeout(settle.current), []);
@@ -65,11 +73,8 @@ function JobPage({ job }: { job: Job }) {
     scanned.current = events.length;
     if (!running || !fresh.some(isNextEpoch)) return;
     window.clearTimeout(settle.current);
-    settle.current = window.setTimeout(
-      () => queryClient.invalidateQueries({ queryKey: keys.job(job.id), exact: true }),
-      EPOCH_SETTLE_MS,
-    );
-  }, [events, running, job.id, queryClient]);
+    settle.current = window.setTimeout(readJob, EPOCH_SETTLE_MS);
+  }, [events, running, readJob]);
 
   // When it ends while shown: everything once more (the last metrics, log lines, evaluation).
   const wasRunning = useRef(running);
