@@ -144,7 +144,7 @@ def test_sampled_requests_are_captured_encrypted_streaming_or_not(gateway: Gatew
     assert stream_text(sdk, "captured", second) == EXPECTED
     # A stream that dies mid-way, and an upstream error: answered, never captured.
     with pytest.raises(openai.APIError, match="mid-stream"):
-        stream_text(sdk, "captured", MESSAGES, **control(die_after=2))
+        stream_text(sdk, "captured", MESSAGES, **control(die_after=2, delay=0.2))
     with pytest.raises(openai.BadRequestError):
         sdk.chat.completions.create(model="captured", messages=MESSAGES,
                                     extra_body=control(fail=400))

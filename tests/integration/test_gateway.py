@@ -609,8 +609,10 @@ def test_upstream_timeouts(gateway: Gateway) -> None:
 def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway: Gateway) -> None:
     key = make_key()
     deploy(gateway, key, "m")
+    # Chunks 0.2 s apart, as an engine sends them: the gateway has relayed each before the
+    # connection drops (aiohttp reports a dropped connection ahead of bytes still unread).
     stream = gateway.sdk(key).chat.completions.create(
-        model="m", messages=MESSAGES, stream=True, extra_body=control(die_after=3))
+        model="m", messages=MESSAGES, stream=True, extra_body=control(die_after=3, delay=0.2))
     received = []
     with pytest.raises(openai.APIError) as err:
         for chunk in stream:
@@ -618,7 +620,7 @@ def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway: Gateway) ->
     assert "".join(received) == "".join(TOKENS[:3])
     assert err.value.code == "upstream_error" and "mid-stream" in err.value.message
 
-    raw = gateway.chat(key, model="m", stream=True, **control(die_after=2))
+    raw = gateway.chat(key, model="m", stream=True, **control(die_after=2, delay=0.2))
     assert raw.status_code == 200  # the headers went out with the first chunk
     events = sse_events(raw.text)
     assert "[DONE]" not in events
