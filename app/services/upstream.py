@@ -39,7 +39,7 @@ class UpstreamBroken(UpstreamError):
     """The connection dropped before the end of the response, or the HTTP was malformed."""
 
 
-def upstream_error(exc: BaseException) -> UpstreamError:
+def as_upstream_error(exc: BaseException) -> UpstreamError:
     """aiohttp's exception (or a timeout) as the gateway's, saying what happened."""
     if isinstance(exc, UpstreamError):
         return exc
@@ -80,7 +80,7 @@ class UpstreamResponse:
         try:
             chunk = await self.response.content.readany()
         except FAILURES as exc:
-            raise upstream_error(exc) from exc
+            raise as_upstream_error(exc) from exc
         return chunk or None
 
     def at_end(self) -> bool:
@@ -91,7 +91,7 @@ class UpstreamResponse:
         try:
             return await self.response.read()
         except FAILURES as exc:
-            raise upstream_error(exc) from exc
+            raise as_upstream_error(exc) from exc
 
     def close(self) -> None:
         """Drops the connection if the body was not read to the end; ends the count in flight."""
@@ -158,9 +158,9 @@ class UpstreamClient:
             except aiohttp.ServerDisconnectedError as exc:
                 if attempt == 0:
                     continue  # a pooled connection the upstream had closed: once more
-                raise upstream_error(exc) from exc
+                raise as_upstream_error(exc) from exc
             except FAILURES as exc:
-                raise upstream_error(exc) from exc
+                raise as_upstream_error(exc) from exc
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
